@@ -1,0 +1,47 @@
+# hicache-sim: the two set-up commands are `make demo` and `make test`.
+# Both create .venv on first use and install what they need from the package registries.
+PYTHON ?= python3.11
+VENV   := .venv
+BIN    := $(VENV)/bin
+# torch is pinned to the CPU wheel that the build machines keep on disk; a bare `torch`
+# requirement would pull a multi-GB CUDA build. Installed first so `.[replay]` finds it satisfied.
+TORCH_CPU := torch==2.13.0
+
+.PHONY: demo test lint typecheck pytest bench clean
+
+$(BIN)/python:
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) on PATH (set PYTHON=...)"; exit 2; }
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+# base install: enough for the simulator, the CLI and the demo (no torch)
+$(VENV)/.base: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e .
+	@touch $@
+
+# dev install: tests, linters, notebooks, plus torch (CPU) for the replay tests
+$(VENV)/.dev: pyproject.toml | $(BIN)/python
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q $(TORCH_CPU)
+	$(BIN)/python -m pip install -q -e '.[dev,replay]'
+	@touch $@ $(VENV)/.base
+
+demo: $(VENV)/.base
+	$(BIN)/hicache-sim demo --out runs/demo
+
+lint: $(VENV)/.dev
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(VENV)/.dev
+	$(BIN)/mypy
+
+pytest: $(VENV)/.dev
+	HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest
+
+test: lint typecheck pytest
+
+bench: $(VENV)/.dev
+	$(BIN)/python bench/policy_ops.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache .hypothesis

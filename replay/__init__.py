@@ -1,0 +1,1 @@
+"""Real-copy replay and calibration (needs the optional ``replay`` extra: torch)."""

@@ -1,0 +1,1 @@
+"""Trace formats, readers, generators and statistics."""
