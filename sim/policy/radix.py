@@ -1,0 +1,141 @@
+"""Radix-tree nodes and page-aligned keys (SGLang ``radix_cache.py``: ``RadixKey``, ``TreeNode``).
+
+Keys are stored *paged*: a key is a tuple with one hashable symbol per page. With
+``page_size == 1`` a symbol is a token id; with larger pages it is the tuple of the page's token
+ids, or any other hashable that identifies the page's content *and everything before it is
+compared separately* (e.g. the ints that :func:`traces.keys.page_symbols` derives from Mooncake
+hash ids). Comparing two paged keys symbol by symbol is the same as comparing the token sequences
+and rounding the common prefix down to a page multiple, which is SGLang's ``RadixKey.match``; so
+splits can only fall on page boundaries and siblings never share a first page.
+
+Values are lists of page ids (one per page of the key) from :class:`~sim.policy.allocator
+.PageAllocator`; lengths reported to callers are in tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+
+class PageKey(tuple[Hashable, ...]):
+    """A key that is already paged: one symbol per page. Anything else is taken as token ids."""
+
+    __slots__ = ()
+
+
+def to_page_key(tokens: Sequence[Any], page_size: int) -> tuple[Hashable, ...]:
+    """Page-align ``tokens`` and turn them into a paged key (see the module docstring).
+
+    A :class:`PageKey` is returned as a plain tuple, unchanged. Token sequences are truncated to
+    ``floor(len / page_size) * page_size`` tokens first (SGLang's ``page_aligned``).
+    """
+    if isinstance(tokens, PageKey):
+        return tuple(tokens)
+    if page_size == 1:
+        return tokens if type(tokens) is tuple else tuple(tokens)
+    n = len(tokens) - len(tokens) % page_size
+    return tuple(tuple(tokens[i : i + page_size]) for i in range(0, n, page_size))
+
+
+def match_len(node_key: tuple[Hashable, ...], key: tuple[Hashable, ...], off: int) -> int:
+    """Length (in pages) of the common prefix of ``node_key`` and ``key[off:]``.
+
+    A full match is one slice comparison in C; a partial one is found by bisection over slice
+    comparisons, so no Python loop runs per page or token.
+    """
+    n = len(node_key)
+    seg = key[off : off + n]
+    if seg == node_key:
+        return n
+    # bisect for the first mismatch: lo pages are known equal, hi pages are known not all equal
+    lo, hi = 0, len(seg)
+    if hi < n and seg == node_key[:hi]:
+        return hi
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if seg[lo:mid] == node_key[lo:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+class TreeNode:
+    """One radix-tree node (SGLang ``TreeNode``).
+
+    ``value is None`` means evicted from the device; ``host_value is None`` means not backed up.
+    Times are ticks of the owning cache's logical clock. The ``_h*`` fields belong to the
+    cache's lazily invalidated eviction heaps.
+    """
+
+    __slots__ = (
+        "_hkey",
+        "_hseq",
+        "_hhkey",
+        "_hhseq",
+        "children",
+        "creation_time",
+        "extra_key",
+        "hit_count",
+        "host_ref_counter",
+        "host_value",
+        "id",
+        "key",
+        "last_access_time",
+        "lock_ref",
+        "parent",
+        "priority",
+        "value",
+        "write_through_pending_id",
+    )
+
+    def __init__(self, node_id: int, now: int, priority: int = 0) -> None:
+        self.id = node_id
+        self.children: dict[Hashable, TreeNode] = {}
+        self.parent: TreeNode | None = None
+        self.key: tuple[Hashable, ...] = ()
+        self.value: list[int] | None = None
+        self.host_value: list[int] | None = None
+        self.lock_ref = 0
+        self.host_ref_counter = 0
+        self.hit_count = 0
+        self.last_access_time = now
+        self.creation_time = now
+        self.priority = priority
+        self.write_through_pending_id: int | None = None
+        self.extra_key: str | None = None
+        self._hkey: Any = None
+        self._hseq = -1
+        self._hhkey: Any = None
+        self._hhseq = -1
+
+    @property
+    def evicted(self) -> bool:
+        return self.value is None
+
+    @property
+    def backuped(self) -> bool:
+        return self.host_value is not None
+
+    def protect_host(self) -> None:
+        """Pin the host copy (L3 prefetch anchor / L3 backup): evict_host skips it."""
+        self.host_ref_counter += 1
+
+    def release_host(self) -> None:
+        if self.host_ref_counter <= 0:
+            raise RuntimeError(f"release_host on node {self.id} whose host_ref_counter is 0")
+        self.host_ref_counter -= 1
+
+    def __repr__(self) -> str:
+        state = ("D" if self.value is not None else "") + ("H" if self.host_value else "")
+        return (
+            f"TreeNode(id={self.id}, pages={len(self.key)}, {state or '-'}, "
+            f"lock={self.lock_ref}, hit={self.hit_count})"
+        )
+
+
+def child_key(key: tuple[Hashable, ...], off: int, extra_key: str | None) -> Hashable:
+    """The dict key under which a child starting at ``key[off]`` is stored (first page)."""
+    first = key[off]
+    return first if extra_key is None else (extra_key, first)
