@@ -37,13 +37,28 @@ class Harness:
         return to_page_key(tokens, self.page_size)
 
     def insert(self, tokens: Sequence[Any], *, chunked: bool = False, priority: int = 0) -> int:
-        pages = len(tokens) // self.page_size
-        value = self.device.alloc_pages(pages)
-        if value is None:
-            raise AssertionError(f"device pool cannot supply {pages} pages for the insert")
-        prefix = self.cache.insert(tokens, value, chunked=chunked, priority=priority)
-        self.device.free(value[: prefix // self.page_size])
+        """Insert like a request would: the device prefix it already shares with the tree (whole
+        nodes, found without touching) plus fresh pages for the rest; duplicates are freed."""
+        key = self.key(tokens)
+        shared = self._device_prefix(key)
+        fresh = self.device.alloc_pages(len(key) - len(shared))
+        if fresh is None:
+            raise AssertionError(f"device pool cannot supply pages for a {len(tokens)}-token insert")
+        prefix = self.cache.insert(tokens, shared + fresh, chunked=chunked, priority=priority)
+        dup = prefix // self.page_size - len(shared)
+        if dup > 0:
+            self.device.free(fresh[:dup])
         return prefix
+
+    def _device_prefix(self, key: tuple[Any, ...]) -> list[int]:
+        node, off, pages = self.cache.root, 0, []
+        while off < len(key):
+            child = node.children.get(key[off])
+            if child is None or child.value is None or key[off : off + len(child.key)] != child.key:
+                break
+            pages += child.value
+            node, off = child, off + len(child.key)
+        return pages
 
     def ack_writes(self) -> None:
         self.ctrl.complete_writes()
