@@ -221,7 +221,7 @@ class HiRadixCache:
 
     # -------------------------------------------------------------------------------- locks --
     def inc_lock_ref(self, node: TreeNode) -> int:
-        """Pin ``node`` and its ancestors (not root) on device; returns the evictable delta (<= 0)."""
+        """Pin ``node`` and its ancestors (not root) on device; returns the evictable delta."""
         delta = 0
         root = self.root
         while node is not root:
@@ -447,7 +447,7 @@ class HiRadixCache:
         return len(host) * self.page_size
 
     def writing_check(self, write_back: bool = False) -> None:
-        """Process write acks: the completed ones at the FIFO front, or (write_back) all, blocking."""
+        """Process write acks: completed ones at the FIFO front, or (write_back) all, blocking."""
         if write_back:
             for ack_id in self.controller.wait_writes():
                 self._finish_write_through_ack(ack_id, release_lock=False)
@@ -599,10 +599,7 @@ class HiRadixCache:
 
     def _in_tree(self, n: TreeNode) -> bool:
         parent = n.parent
-        return (
-            parent is not None
-            and parent.children.get(child_key(n.key, 0, n.extra_key)) is n
-        )
+        return parent is not None and parent.children.get(child_key(n.key, 0, n.extra_key)) is n
 
     def _evict_backuped(self, x: TreeNode) -> int:
         """Demote a backed-up device node to host-only; returns the tokens freed on device."""
@@ -802,4 +799,3 @@ class HiRadixCache:
     # Convenience for callers that hold their own node references.
     def is_in_tree(self, n: TreeNode) -> bool:
         return n is self.root or self._in_tree(n)
-

@@ -102,13 +102,17 @@ def check_cache_invariants(
     if want_leaves != cache.evictable_leaves:
         extra = cache.evictable_leaves - want_leaves
         missing = want_leaves - cache.evictable_leaves
-        _fail(f"evictable_leaves wrong: extra {sorted(n.id for n in extra)}, "
-              f"missing {sorted(n.id for n in missing)}")
+        _fail(
+            f"evictable_leaves wrong: extra {sorted(n.id for n in extra)}, "
+            f"missing {sorted(n.id for n in missing)}"
+        )
     if want_host_leaves != cache.evictable_host_leaves:
         extra = cache.evictable_host_leaves - want_host_leaves
         missing = want_host_leaves - cache.evictable_host_leaves
-        _fail(f"evictable_host_leaves wrong: extra {sorted(n.id for n in extra)}, "
-              f"missing {sorted(n.id for n in missing)}")
+        _fail(
+            f"evictable_host_leaves wrong: extra {sorted(n.id for n in extra)}, "
+            f"missing {sorted(n.id for n in missing)}"
+        )
 
     # pending writes: every pending node is published by its record, and vice versa
     for ack_id, rec in cache.ongoing_write_through.items():
@@ -141,8 +145,10 @@ def check_cache_invariants(
             _fail(f"device pages held outside the tree are also free or in it: {sorted(clash)[:8]}")
         total = len(free_dev) + len(device_owner) + len(out_set)
         if total != ctrl.device.num_pages:
-            _fail(f"device pages: free {len(free_dev)} + tree {len(device_owner)} + outside "
-                  f"{len(out_set)} != capacity {ctrl.device.num_pages}")
+            _fail(
+                f"device pages: free {len(free_dev)} + tree {len(device_owner)} + outside "
+                f"{len(out_set)} != capacity {ctrl.device.num_pages}"
+            )
     elif len(free_dev) + len(device_owner) > ctrl.device.num_pages:
         _fail("more device pages free or in the tree than the pool has")
     if ctrl.host is not None:
@@ -152,7 +158,9 @@ def check_cache_invariants(
         if set(free_host) & host_owner.keys():
             _fail("host pages both free and in the tree")
         if len(free_host) + len(host_owner) != ctrl.host.num_pages:
-            _fail(f"host pages: free {len(free_host)} + tree {len(host_owner)} != capacity "
-                  f"{ctrl.host.num_pages}")
+            _fail(
+                f"host pages: free {len(free_host)} + tree {len(host_owner)} != capacity "
+                f"{ctrl.host.num_pages}"
+            )
     elif host_owner:
         _fail("host copies exist without a host pool")

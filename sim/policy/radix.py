@@ -70,10 +70,10 @@ class TreeNode:
     """
 
     __slots__ = (
-        "_hkey",
-        "_hseq",
         "_hhkey",
         "_hhseq",
+        "_hkey",
+        "_hseq",
         "children",
         "creation_time",
         "extra_key",

@@ -26,7 +26,9 @@ class Harness:
         self.page_size = page_size
         self.device = PageAllocator(device_tokens // page_size, page_size, "device")
         self.host = (
-            None if host_tokens is None else PageAllocator(host_tokens // page_size, page_size, "host")
+            None
+            if host_tokens is None
+            else PageAllocator(host_tokens // page_size, page_size, "host")
         )
         self.ctrl = ManualController(self.device, self.host)
         self.cache = HiRadixCache(
@@ -43,7 +45,9 @@ class Harness:
         shared = self._device_prefix(key)
         fresh = self.device.alloc_pages(len(key) - len(shared))
         if fresh is None:
-            raise AssertionError(f"device pool cannot supply pages for a {len(tokens)}-token insert")
+            raise AssertionError(
+                f"device pool cannot supply pages for a {len(tokens)}-token insert"
+            )
         prefix = self.cache.insert(tokens, shared + fresh, chunked=chunked, priority=priority)
         dup = prefix // self.page_size - len(shared)
         if dup > 0:

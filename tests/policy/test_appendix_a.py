@@ -71,7 +71,6 @@ def test_s1_short_host_hit_is_not_loaded() -> None:
 
 def test_s2_write_through_selective() -> None:
     h = Harness(write_policy="write_through_selective")
-    c = h.cache
     h.insert(T[:20])
     a = h.node(T[:20])
     assert a.hit_count == 1 and not a.backuped and not h.ctrl.write_queue
@@ -191,7 +190,7 @@ def test_s8_page_size_4() -> None:
     value = h.device.alloc_pages(2)
     assert value is not None
     c.insert(T[:10], value)  # 10 tokens -> 8 stored
-    (ck, node), = c.root.children.items()
+    ((ck, node),) = c.root.children.items()
     assert ck == (0, 1, 2, 3) and len(node.key) * 4 == 8
     assert c.total_size() == 8
     m = c.match_prefix(T[:7])  # 7 tokens -> 4 aligned; splits the node at 4

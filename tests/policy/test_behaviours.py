@@ -93,7 +93,8 @@ def test_insert_prefix_len_counts_device_nodes_only_and_partial_adopt() -> None:
     assert new_leaf.value == fresh[20:] and new_leaf.backuped  # under a backed-up parent
     lower = h.node(T[:30])
     assert lower.evicted  # the H remainder stays on host
-    h.check(); h.ack_writes()
+    h.check()
+    h.ack_writes()
     # a second insert now gets credit for the device part
     again = h.device.alloc_pages(30)
     assert again is not None
@@ -393,8 +394,9 @@ def test_reset_clears_host_pool_and_node_ids() -> None:
 # ---------------------------------------------------------------------------- strategies §3 --
 def _three_leaves(policy: str, write_policy: str = "write_through") -> Harness:
     """Leaves X (oldest, hit 3), Y (hit 1), Z (newest, hit 2)."""
-    h = Harness(device_tokens=200, host_tokens=400, eviction_policy=policy,
-                write_policy=write_policy)
+    h = Harness(
+        device_tokens=200, host_tokens=400, eviction_policy=policy, write_policy=write_policy
+    )
     h.insert(T[:10], priority=3)  # X
     h.insert(T[100:110], priority=1)  # Y
     h.insert(T[200:210], priority=2)  # Z
@@ -447,7 +449,9 @@ def test_lfu_and_slru_differ_from_lru_when_recency_and_frequency_disagree() -> N
 
 
 def test_lfu_degrades_to_lru_under_write_back() -> None:
-    h = Harness(device_tokens=200, host_tokens=400, eviction_policy="lfu", write_policy="write_back")
+    h = Harness(
+        device_tokens=200, host_tokens=400, eviction_policy="lfu", write_policy="write_back"
+    )
     h.insert(T[:10])
     h.insert(T[:10])
     h.insert(T[:10])
