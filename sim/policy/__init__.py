@@ -5,7 +5,12 @@ clock. Copies go through a :class:`TransferController`; tests use :class:`Manual
 """
 
 from sim.policy.allocator import PageAllocator, host_pool_tokens
-from sim.policy.controller import BaseController, ManualController, TransferController
+from sim.policy.controller import (
+    BaseController,
+    ImmediateController,
+    ManualController,
+    TransferController,
+)
 from sim.policy.eviction import STRATEGIES, get_strategy
 from sim.policy.hiradix import (
     LOAD_BACK_THRESHOLD,
@@ -23,6 +28,7 @@ __all__ = [
     "BaseController",
     "CacheStats",
     "HiRadixCache",
+    "ImmediateController",
     "ManualController",
     "MatchResult",
     "PageAllocator",

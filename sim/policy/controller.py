@@ -258,3 +258,17 @@ class ManualController(BaseController):
     def complete_all(self) -> None:
         self.complete_writes()
         self.complete_loads()
+
+
+class ImmediateController(BaseController):
+    """Every copy is finished as soon as it is issued (no timing model).
+
+    For cache-only replays: acks are still only *processed* by ``writing_check`` /
+    ``loading_check``, so pins last until the caller's next check, as in SGLang.
+    """
+
+    def _issue_write(self, op: WriteOp) -> None:
+        op.done = True
+
+    def _issue_load(self, batch: LoadBatch) -> None:
+        batch.done = True

@@ -73,6 +73,11 @@ class CacheStats:
     """``load_back`` calls that could not get device pages even after evicting."""
     backup_failures: int = 0
     """``write_backup`` calls whose host allocation failed even after ``evict_host``."""
+    match_calls: int = 0
+    insert_calls: int = 0
+    evict_calls: int = 0
+    evict_host_calls: int = 0
+    load_back_calls: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -265,6 +270,7 @@ class HiRadixCache:
         Mutates: touches root and every node walked (including host-only ones) and may split the
         last node on a page boundary — even if the caller then does not admit the request.
         """
+        self.stats.match_calls += 1
         pkey = to_page_key(key, self.page_size)
         root = self.root
         if not pkey:
@@ -354,6 +360,7 @@ class HiRadixCache:
         the path count a hit (which may trigger a write-through backup); the remainder becomes a
         new leaf.
         """
+        self.stats.insert_calls += 1
         pkey = to_page_key(key, self.page_size)
         if not pkey:
             return 0
@@ -546,6 +553,7 @@ class HiRadixCache:
         """
         if num_tokens <= 0:
             return 0
+        self.stats.evict_calls += 1
         leaves = self.evictable_leaves
         self._flush_dirty(self._dirty, leaves, host=False)
         start = self._hseq
@@ -650,6 +658,7 @@ class HiRadixCache:
         """
         if num_tokens <= 0:
             return 0
+        self.stats.evict_host_calls += 1
         members = self.evictable_host_leaves
         self._flush_dirty(self._host_dirty, members, host=True)
         start = self._hseq
@@ -697,6 +706,7 @@ class HiRadixCache:
         node is device-resident at once (data not yet moved) and the path stays locked until
         ``loading_check`` sees the ack. Returns the new device pages, or None.
         """
+        self.stats.load_back_calls += 1
         last_hit = node
         chain: list[TreeNode] = []
         while node.value is None:

@@ -1,0 +1,225 @@
+"""Cache-only replay: the policy core over a trace, one request at a time, no timing model.
+
+What one request does here (SGLang's path for a lone request, no concurrency):
+
+1. ``match_prefix`` on the first ``input_length - 1`` prompt tokens, page-aligned (SGLang always
+   recomputes at least one token).
+2. A host hit is loaded back (``init_load_back``: all or nothing, at least 10 tokens, evicting the
+   full length on device once if needed); the loads complete before the request's prefill.
+3. The request locks its prefix, allocates pages for the rest of the prompt (evicting the full
+   need, plus one page of over-estimate when ``page_size > 1``, if the pool is short) and, after
+   prefill, ``cache_unfinished_req`` inserts the page-aligned prompt (write-through backups are
+   issued here and complete before the next step).
+4. Decode allocates the output tokens' KV (evicting one page at a time at page boundaries, as
+   the decode memory check does for a batch of one). Output tokens are unique: they take space
+   and never hit.
+5. ``cache_finished_req`` inserts prompt + outputs (``outputs="cache"``) or the prompt only
+   (``outputs="skip"``; still the request's second insert, so it still counts a hit), frees the
+   unaligned tail and releases the lock; its writes complete before the next request.
+
+A request whose KV cannot fit even after evicting everything evictable is counted in
+``oom_requests`` and contributes its prompt to the denominator with no hit.
+
+Reported ``hit_rate`` = Σ cached tokens / Σ prompt tokens (SGLang's cache_hit_rate), split into
+``device_hit_rate`` (found on device) and ``host_hit_rate`` (loaded back from host).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from sim.policy import (
+    HiRadixCache,
+    ImmediateController,
+    PageAllocator,
+    PageKey,
+    TreeNode,
+)
+from sim.policy.requests import admit, cache_finished_req, cache_unfinished_req
+
+OUTPUT_MODES = ("cache", "skip")
+
+
+@dataclass(frozen=True)
+class HitRateConfig:
+    """One cache configuration for the cache-only replay (capacities in tokens)."""
+
+    device_tokens: int
+    host_tokens: int = 0
+    """Host pool in tokens; 0 = no host tier (plain radix cache)."""
+    page_size: int = 64
+    eviction: str = "lru"
+    write_policy: str = "write_through"
+    outputs: str = "cache"
+
+    def validate(self) -> None:
+        p = self.page_size
+        if p < 1:
+            raise ValueError(f"page_size must be >= 1, got {p}")
+        if self.device_tokens <= 0 or self.device_tokens % p:
+            raise ValueError(
+                f"device tokens {self.device_tokens} must be a positive multiple of the page "
+                f"size {p}"
+            )
+        if self.host_tokens < 0 or self.host_tokens % p:
+            raise ValueError(
+                f"host tokens {self.host_tokens} must be 0 or a positive multiple of the page "
+                f"size {p}"
+            )
+        if 0 < self.host_tokens <= self.device_tokens:
+            raise ValueError(
+                f"host pool ({self.host_tokens} tokens) must be larger than the device pool "
+                f"({self.device_tokens} tokens); SGLang refuses to start otherwise"
+            )
+        if self.outputs not in OUTPUT_MODES:
+            raise ValueError(f"outputs must be one of {', '.join(OUTPUT_MODES)}")
+
+
+@dataclass
+class HitRateResult:
+    requests: int = 0
+    prompt_tokens: int = 0
+    device_hit_tokens: int = 0
+    host_hit_tokens: int = 0
+    tokens_written: int = 0
+    tokens_loaded: int = 0
+    device_evicted_tokens: int = 0
+    host_evicted_tokens: int = 0
+    host_alloc_failures: int = 0
+    load_back_failures: int = 0
+    oom_requests: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        return (self.device_hit_tokens + self.host_hit_tokens) / max(1, self.prompt_tokens)
+
+    @property
+    def device_hit_rate(self) -> float:
+        return self.device_hit_tokens / max(1, self.prompt_tokens)
+
+    @property
+    def host_hit_rate(self) -> float:
+        return self.host_hit_tokens / max(1, self.prompt_tokens)
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.update(
+            hit_rate=self.hit_rate,
+            device_hit_rate=self.device_hit_rate,
+            host_hit_rate=self.host_hit_rate,
+        )
+        return d
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayRequest:
+    """What the replay needs of a trace request: prompt page symbols and lengths."""
+
+    symbols: Sequence[Hashable]
+    input_length: int
+    output_length: int
+
+
+class CacheReplay:
+    """Drives one :class:`HiRadixCache` through requests in order (see the module docstring)."""
+
+    def __init__(self, cfg: HitRateConfig, eviction_key: Callable[[TreeNode], Any] | None = None):
+        cfg.validate()
+        self.cfg = cfg
+        p = cfg.page_size
+        self.device = PageAllocator(cfg.device_tokens // p, p, "device")
+        self.host = PageAllocator(cfg.host_tokens // p, p, "host") if cfg.host_tokens else None
+        self.ctrl = ImmediateController(self.device, self.host)
+        self.cache = HiRadixCache(
+            self.ctrl,
+            write_policy=cfg.write_policy,
+            eviction_policy=eviction_key if eviction_key is not None else cfg.eviction,
+        )
+        self.result = HitRateResult()
+        self._uniq = 0  # next unique (negative) symbol for output pages
+
+    def _alloc(self, pages: int, evict_tokens: int) -> list[int] | None:
+        dev = self.device
+        if dev.available_size() < evict_tokens:
+            self.cache.evict(evict_tokens)
+        return dev.alloc_pages(pages)
+
+    def step(self, r: ReplayRequest) -> tuple[int, int]:
+        """Serve one request; returns (device-hit tokens, loaded host-hit tokens)."""
+        cache, ctrl, p = self.cache, self.ctrl, self.cfg.page_size
+        res = self.result
+        L, O = r.input_length, r.output_length
+        res.requests += 1
+        res.prompt_tokens += L
+        key = list(r.symbols[: L // p])
+        req, dev_pages, loaded_pages = admit(cache, key, max(0, (L - 1) // p))
+        if loaded_pages:
+            cache.ready_to_load_host_cache()
+            cache.loading_check()
+        # prefill: pages for the rest of the prompt (the partial last page included)
+        have = len(req.kv)
+        need = -(-L // p) - have
+        pages = self._alloc(need, L - have * p + (p if p > 1 else 0)) if need > 0 else []
+        if pages is None:
+            res.oom_requests += 1
+            cache_finished_req(cache, req, insert=False)
+            return 0, 0
+        req.kv += pages
+        cache_unfinished_req(cache, req)
+        cache.writing_check()
+        # decode: one page at each page boundary (all at once when nothing needs evicting)
+        total = L + O
+        need = -(-total // p) - len(req.kv)
+        if need > 0:
+            got = self.device.alloc_pages(need) if self.device.free_page_count() >= need else None
+            if got is None:
+                got = []
+                for _ in range(need):
+                    page = self._alloc(1, p)
+                    if page is None:
+                        break
+                    got += page
+            req.kv += got
+            if len(got) < need:
+                res.oom_requests += 1
+                cache_finished_req(cache, req, insert=False)
+                res.device_hit_tokens += dev_pages * p
+                res.host_hit_tokens += loaded_pages * p
+                return dev_pages * p, loaded_pages * p
+        if self.cfg.outputs == "cache":
+            full = total // p
+            extra = full - len(key)
+            if extra > 0:
+                start = self._uniq
+                self._uniq -= extra
+                req.key = key + list(range(start - 1, start - 1 - extra, -1))
+            cache_finished_req(cache, req, insert_pages=full)
+        else:
+            cache_finished_req(cache, req, insert_pages=L // p)
+        cache.writing_check()
+        res.device_hit_tokens += dev_pages * p
+        res.host_hit_tokens += loaded_pages * p
+        return dev_pages * p, loaded_pages * p
+
+    def finish(self) -> HitRateResult:
+        res, ctrl, st = self.result, self.ctrl, self.cache.stats
+        res.tokens_written = ctrl.tokens_written
+        res.tokens_loaded = ctrl.tokens_loaded
+        res.device_evicted_tokens = st.device_evicted_tokens
+        res.host_evicted_tokens = st.host_evicted_tokens
+        res.host_alloc_failures = ctrl.host_alloc_failures
+        res.load_back_failures = st.load_back_failures
+        return res
+
+
+def replay(requests: Sequence[ReplayRequest], cfg: HitRateConfig) -> HitRateResult:
+    """Run the cache-only replay of ``requests`` under ``cfg``."""
+    rp = CacheReplay(cfg)
+    for r in requests:
+        rp.step(r)
+    return rp.finish()
+
+
+__all__ = ["OUTPUT_MODES", "CacheReplay", "HitRateConfig", "HitRateResult", "PageKey", "replay"]
