@@ -35,8 +35,9 @@ def main() -> None:
             for r in trace
         ]
         dev = args.device_tokens // p * p
-        cfg = HitRateConfig(device_tokens=dev, host_tokens=int(dev * args.host_ratio) // p * p,
-                            page_size=p)
+        cfg = HitRateConfig(
+            device_tokens=dev, host_tokens=int(dev * args.host_ratio) // p * p, page_size=p
+        )
         times, ops = [], 0
         for _ in range(args.repeat):
             rp = CacheReplay(cfg)
@@ -46,8 +47,13 @@ def main() -> None:
             times.append(time.perf_counter() - t0)
             res = rp.finish()
             st = rp.cache.stats
-            ops = (st.match_calls + st.insert_calls + st.evict_calls + st.evict_host_calls
-                   + st.load_back_calls)
+            ops = (
+                st.match_calls
+                + st.insert_calls
+                + st.evict_calls
+                + st.evict_host_calls
+                + st.load_back_calls
+            )
         t = statistics.median(times)
         print(
             f"page_size={p} device={dev} host={cfg.host_tokens} requests={len(reqs)} "

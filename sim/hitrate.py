@@ -26,11 +26,14 @@ Reported ``hit_rate`` = Σ cached tokens / Σ prompt tokens (SGLang's cache_hit_
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from sim.policy import (
+    STRATEGIES,
+    WRITE_POLICIES,
     HiRadixCache,
     ImmediateController,
     PageAllocator,
@@ -40,6 +43,7 @@ from sim.policy import (
 from sim.policy.requests import admit, cache_finished_req, cache_unfinished_req
 
 OUTPUT_MODES = ("cache", "skip")
+EVICTIONS = (*STRATEGIES, "oracle")
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,15 @@ class HitRateConfig:
             raise ValueError(
                 f"host pool ({self.host_tokens} tokens) must be larger than the device pool "
                 f"({self.device_tokens} tokens); SGLang refuses to start otherwise"
+            )
+        if self.eviction not in EVICTIONS:
+            raise ValueError(
+                f"unknown eviction policy {self.eviction!r}; choose one of {', '.join(EVICTIONS)}"
+            )
+        if self.write_policy not in WRITE_POLICIES:
+            raise ValueError(
+                f"unknown write policy {self.write_policy!r}; choose one of "
+                f"{', '.join(WRITE_POLICIES)}"
             )
         if self.outputs not in OUTPUT_MODES:
             raise ValueError(f"outputs must be one of {', '.join(OUTPUT_MODES)}")
@@ -136,6 +149,7 @@ class CacheReplay:
             self.ctrl,
             write_policy=cfg.write_policy,
             eviction_policy=eviction_key if eviction_key is not None else cfg.eviction,
+            volatile_keys=eviction_key is not None,
         )
         self.result = HitRateResult()
         self._uniq = 0  # next unique (negative) symbol for output pages
@@ -148,9 +162,9 @@ class CacheReplay:
 
     def step(self, r: ReplayRequest) -> tuple[int, int]:
         """Serve one request; returns (device-hit tokens, loaded host-hit tokens)."""
-        cache, ctrl, p = self.cache, self.ctrl, self.cfg.page_size
+        cache, p = self.cache, self.cfg.page_size
         res = self.result
-        L, O = r.input_length, r.output_length
+        L = r.input_length
         res.requests += 1
         res.prompt_tokens += L
         key = list(r.symbols[: L // p])
@@ -170,7 +184,7 @@ class CacheReplay:
         cache_unfinished_req(cache, req)
         cache.writing_check()
         # decode: one page at each page boundary (all at once when nothing needs evicting)
-        total = L + O
+        total = L + r.output_length
         need = -(-total // p) - len(req.kv)
         if need > 0:
             got = self.device.alloc_pages(need) if self.device.free_page_count() >= need else None
@@ -214,12 +228,146 @@ class CacheReplay:
         return res
 
 
+class NextUseOracle:
+    """Offline (Belady-style) eviction key: the evictable leaf whose content is next needed
+    farthest in the future goes first (never-needed-again first, ties by LRU).
+
+    A node's content is identified by its path from the root; "needed by request i" means the
+    path is a prefix of request i's prompt pages. Built in O(total prompt pages) of the trace.
+    """
+
+    NEVER = 1 << 62
+
+    def __init__(self, requests: Sequence[ReplayRequest]) -> None:
+        trie: dict[tuple[int, Hashable], int] = {}
+        uses: list[list[int]] = []
+        for i, r in enumerate(requests):
+            pid = -1
+            for sym in r.symbols:
+                k = (pid, sym)
+                nxt = trie.get(k)
+                if nxt is None:
+                    nxt = trie[k] = len(uses)
+                    uses.append([i])
+                else:
+                    u = uses[nxt]
+                    if u[-1] != i:
+                        u.append(i)
+                pid = nxt
+        self._trie = trie
+        self._uses = uses
+        self._pid: dict[int, int] = {}
+        self.now = 0
+        self.cache: HiRadixCache | None = None
+
+    def _node_pid(self, node: TreeNode) -> int:
+        pid = self._pid.get(node.id)
+        if pid is not None:
+            return pid
+        parent = node.parent
+        assert parent is not None and self.cache is not None
+        pid = -1 if parent is self.cache.root else self._node_pid(parent)
+        trie = self._trie
+        for sym in node.key:
+            if pid == -2:
+                break
+            pid = trie.get((pid, sym), -2)
+        self._pid[node.id] = pid
+        return pid
+
+    def key(self, node: TreeNode) -> tuple[int, int]:
+        pid = self._node_pid(node)
+        nxt = self.NEVER
+        if pid >= 0:
+            u = self._uses[pid]
+            j = bisect_right(u, self.now)
+            if j < len(u):
+                nxt = u[j]
+        return (-nxt, node.last_access_time)
+
+
 def replay(requests: Sequence[ReplayRequest], cfg: HitRateConfig) -> HitRateResult:
-    """Run the cache-only replay of ``requests`` under ``cfg``."""
+    """Run the cache-only replay of ``requests`` under ``cfg`` (``eviction="oracle"`` allowed)."""
+    if cfg.eviction == "oracle":
+        oracle = NextUseOracle(requests)
+        rp = CacheReplay(cfg, eviction_key=oracle.key)
+        oracle.cache = rp.cache
+        for i, r in enumerate(requests):
+            oracle.now = i
+            rp.step(r)
+        return rp.finish()
     rp = CacheReplay(cfg)
     for r in requests:
         rp.step(r)
     return rp.finish()
 
 
-__all__ = ["OUTPUT_MODES", "CacheReplay", "HitRateConfig", "HitRateResult", "PageKey", "replay"]
+__all__ = [
+    "EVICTIONS",
+    "OUTPUT_MODES",
+    "CacheReplay",
+    "HitRateConfig",
+    "HitRateResult",
+    "NextUseOracle",
+    "PageKey",
+    "replay",
+]
+
+
+# ------------------------------------------------------------------------- grids of configs --
+_GRID_REQUESTS: dict[int, list[ReplayRequest]] = {}
+
+
+def requests_for(trace: Any, page_size: int) -> list[ReplayRequest]:
+    """Replay requests (prompt page symbols) of a ``traces.schema.Trace`` at ``page_size``."""
+    from traces.keys import page_symbols
+
+    bs = trace.block_size
+    return [
+        ReplayRequest(page_symbols(r, page_size, bs), r.input_length, r.output_length)
+        for r in trace
+    ]
+
+
+def _run_one(cfg: HitRateConfig) -> dict[str, Any]:
+    res = replay(_GRID_REQUESTS[cfg.page_size], cfg)
+    return {**asdict(cfg), **res.as_dict()}
+
+
+def run_grid(
+    trace: Any, configs: Sequence[HitRateConfig], jobs: int = 0, progress: bool | None = None
+) -> list[dict[str, Any]]:
+    """Replay every config over one loaded trace; rows in the order of ``configs``.
+
+    More than one config runs on a process pool (``jobs`` workers, default all cores); the
+    workers are forked after the trace's page symbols are built, so the trace is loaded once.
+    """
+    import multiprocessing as mp
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+
+    from tqdm import tqdm
+
+    for cfg in configs:
+        cfg.validate()
+        if cfg.page_size not in _GRID_REQUESTS:
+            _GRID_REQUESTS[cfg.page_size] = requests_for(trace, cfg.page_size)
+    jobs = jobs or os.cpu_count() or 1
+    bar = tqdm(total=len(configs), desc="configs", unit="cfg", disable=progress is False or None)
+    try:
+        if len(configs) == 1 or jobs == 1 or "fork" not in mp.get_all_start_methods():
+            rows = []
+            for cfg in configs:
+                rows.append(_run_one(cfg))
+                bar.update()
+            return rows
+        with ProcessPoolExecutor(min(jobs, len(configs)), mp_context=mp.get_context("fork")) as ex:
+            futures = [ex.submit(_run_one, cfg) for cfg in configs]
+            out = []
+            for f in futures:
+                out.append(f.result())
+                bar.update()
+            return out
+    finally:
+        bar.close()
+        _GRID_REQUESTS.clear()

@@ -111,7 +111,11 @@ class HiRadixCache:
         write_policy: str = "write_through",
         eviction_policy: str | KeyFn = "lru",
         load_back_threshold: int = LOAD_BACK_THRESHOLD,
+        volatile_keys: bool = False,
     ) -> None:
+        """``volatile_keys``: the eviction key of a node may change without a touch (e.g. an
+        offline oracle keyed on the trace position); the heaps are then rebuilt at every call,
+        exactly as SGLang does, instead of being kept across calls."""
         if write_policy not in WRITE_POLICIES:
             raise ValueError(
                 f"unknown write policy {write_policy!r}; choose one of {', '.join(WRITE_POLICIES)}"
@@ -127,6 +131,7 @@ class HiRadixCache:
         self.write_through_threshold = 1 if write_policy == "write_through" else 2
         self.load_back_threshold = load_back_threshold
         self._write_back = write_policy == "write_back"
+        self._volatile_keys = volatile_keys
         self._clock = 0
         self._hseq = 0
         self._init_tree()
@@ -486,6 +491,10 @@ class HiRadixCache:
         """Give every member whose key changed (or who has no live entry) a fresh heap entry."""
         keyfn = self._key
         heap = self._host_heap if host else self._heap
+        if self._volatile_keys:
+            dirty.clear()
+            self._rebuild_heap(members, host)
+            return
         for n in dirty:
             if n not in members:
                 continue
@@ -501,7 +510,7 @@ class HiRadixCache:
                 heapq.heappush(heap, (k, self._hseq, n))
         dirty.clear()
         # stale entries accumulate between calls; rebuild when they dominate
-        if len(heap) > 4 * len(members) + 256:
+        if self._volatile_keys or len(heap) > 4 * len(members) + 256:
             self._rebuild_heap(members, host)
 
     def _rebuild_heap(self, members: set[TreeNode], host: bool) -> None:

@@ -27,7 +27,9 @@ class ReqKV:
     extra: dict[str, object] = field(default_factory=dict)
 
 
-def admit(cache: HiRadixCache, key: list[Hashable], max_prefix_pages: int) -> tuple[ReqKV, int, int]:
+def admit(
+    cache: HiRadixCache, key: list[Hashable], max_prefix_pages: int
+) -> tuple[ReqKV, int, int]:
     """Match a new request and load its host hit, as ``PrefillAdder.add_one_req`` does.
 
     Matches only the first ``max_prefix_pages`` pages (SGLang matches ``input_len - 1`` tokens),
