@@ -167,7 +167,7 @@ class CacheReplay:
         L = r.input_length
         res.requests += 1
         res.prompt_tokens += L
-        key = list(r.symbols[: L // p])
+        key = PageKey(r.symbols[: L // p])
         req, dev_pages, loaded_pages = admit(cache, key, max(0, (L - 1) // p))
         if loaded_pages:
             cache.ready_to_load_host_cache()
@@ -208,7 +208,7 @@ class CacheReplay:
             if extra > 0:
                 start = self._uniq
                 self._uniq -= extra
-                req.key = key + list(range(start - 1, start - 1 - extra, -1))
+                req.key = PageKey((*key, *range(start - 1, start - 1 - extra, -1)))
             cache_finished_req(cache, req, insert_pages=full)
         else:
             cache_finished_req(cache, req, insert_pages=L // p)
@@ -265,7 +265,9 @@ class NextUseOracle:
         if pid is not None:
             return pid
         parent = node.parent
-        assert parent is not None and self.cache is not None
+        if parent is None:  # the root (pushed as a parent; always locked, never evicted)
+            return -2
+        assert self.cache is not None
         pid = -1 if parent is self.cache.root else self._node_pid(parent)
         trie = self._trie
         for sym in node.key:

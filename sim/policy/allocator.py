@@ -9,7 +9,6 @@ it only matters to the replay, where contiguous runs of pages become single copi
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterable
 
 
@@ -20,7 +19,7 @@ class PageAllocator:
     ``available_size()``; the ids handed out are page ids.
     """
 
-    __slots__ = ("_free", "name", "num_pages", "page_size")
+    __slots__ = ("_free", "_head", "name", "num_pages", "page_size")
 
     def __init__(self, num_pages: int, page_size: int, name: str = "pool") -> None:
         if page_size < 1:
@@ -30,7 +29,10 @@ class PageAllocator:
         self.name = name
         self.num_pages = num_pages
         self.page_size = page_size
-        self._free: deque[int] = deque(range(num_pages))
+        # FIFO as a list plus a head index: allocation and freeing are C-level slices, so a
+        # page-size-1 pool handing out thousands of pages per request stays cheap
+        self._free: list[int] = list(range(num_pages))
+        self._head = 0
 
     @property
     def capacity_tokens(self) -> int:
@@ -38,13 +40,13 @@ class PageAllocator:
 
     def available_size(self) -> int:
         """Free capacity in tokens (side-effect free)."""
-        return len(self._free) * self.page_size
+        return (len(self._free) - self._head) * self.page_size
 
     def free_page_count(self) -> int:
-        return len(self._free)
+        return len(self._free) - self._head
 
     def can_alloc(self, num_tokens: int) -> bool:
-        return num_tokens <= len(self._free) * self.page_size
+        return num_tokens <= self.available_size()
 
     def alloc(self, num_tokens: int) -> list[int] | None:
         """Take ``num_tokens / page_size`` pages from the head of the free list.
@@ -60,15 +62,18 @@ class PageAllocator:
         return self.alloc_pages(num_tokens // self.page_size)
 
     def alloc_pages(self, n: int) -> list[int] | None:
+        head = self._head
+        end = head + n
         free = self._free
-        if n > len(free):
+        if end > len(free):
             return None
-        if n == len(free):
-            out = list(free)
-            free.clear()
-            return out
-        popleft = free.popleft
-        return [popleft() for _ in range(n)]
+        out = free[head:end]
+        if end * 2 > len(free) + 4096:
+            del free[:end]  # compact: drop the consumed prefix
+            self._head = 0
+        else:
+            self._head = end
+        return out
 
     def free(self, pages: Iterable[int]) -> None:
         """Return pages to the tail of the free list."""
@@ -76,11 +81,12 @@ class PageAllocator:
 
     def clear(self) -> None:
         """Every page free again, in id order (SGLang's ``clear()`` on flush)."""
-        self._free = deque(range(self.num_pages))
+        self._free = list(range(self.num_pages))
+        self._head = 0
 
     def free_pages_snapshot(self) -> list[int]:
         """The free list in order (for invariant checks and tests)."""
-        return list(self._free)
+        return self._free[self._head :]
 
 
 def host_pool_tokens(

@@ -130,7 +130,9 @@ class HiRadixCache:
         )
         self.write_through_threshold = 1 if write_policy == "write_through" else 2
         self.load_back_threshold = load_back_threshold
-        self._write_back = write_policy == "write_back"
+        # without a host tier the write policy is moot: plain RadixCache (hits always counted,
+        # unbacked leaves deleted on eviction)
+        self._write_back = write_policy == "write_back" and self.has_host
         self._volatile_keys = volatile_keys
         self._clock = 0
         self._hseq = 0
@@ -740,7 +742,15 @@ class HiRadixCache:
         ctrl = self.controller
         device = ctrl.load(host_pages, last_hit.id)
         if device is None:
+            # SGLang 0.5.14 locks only the device ancestor here, so under write_back the nested
+            # eviction (failed write_backup -> evict_host) can delete the very host-only nodes
+            # being loaded; the load then fills a detached node and device pages end up owned
+            # twice. Pinning the chain's host copies for the nested call prevents exactly that.
+            for n in chain:
+                n.protect_host()
             self.evict(tokens)
+            for n in chain:
+                n.release_host()
             device = ctrl.load(host_pages, last_hit.id)
         self.dec_lock_ref(ancestor)
         if device is None:

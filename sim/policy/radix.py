@@ -27,11 +27,11 @@ class PageKey(tuple[Hashable, ...]):
 def to_page_key(tokens: Sequence[Any], page_size: int) -> tuple[Hashable, ...]:
     """Page-align ``tokens`` and turn them into a paged key (see the module docstring).
 
-    A :class:`PageKey` is returned as a plain tuple, unchanged. Token sequences are truncated to
+    A :class:`PageKey` is returned unchanged (no copy). Token sequences are truncated to
     ``floor(len / page_size) * page_size`` tokens first (SGLang's ``page_aligned``).
     """
     if isinstance(tokens, PageKey):
-        return tuple(tokens)
+        return tokens  # already paged (a tuple); its slices are plain tuples
     if page_size == 1:
         return tokens if type(tokens) is tuple else tuple(tokens)
     n = len(tokens) - len(tokens) % page_size

@@ -8,7 +8,7 @@ the lock it holds.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 from sim.policy.hiradix import HiRadixCache
@@ -20,7 +20,7 @@ class ReqKV:
     """The KV a request holds. ``kv`` covers ``ceil(tokens / page_size)`` pages; ``key`` holds one
     symbol per *full* page of the sequence so far (prompt, then prompt + outputs)."""
 
-    key: list[Hashable]
+    key: Sequence[Hashable]
     kv: list[int]
     last_node: TreeNode
     protected_pages: int = 0
@@ -37,6 +37,7 @@ def admit(
     locks the final last node for the request. Returns (state, device-hit pages, loaded pages).
     """
     m = cache.match_prefix(PageKey(key[:max_prefix_pages]))
+    key = key if isinstance(key, PageKey) else PageKey(key)
     prefix = m.device_indices
     last = m.last_device_node
     loaded = 0
@@ -56,7 +57,7 @@ def admit(
 def cache_unfinished_req(cache: HiRadixCache, req: ReqKV, chunked: bool = False) -> None:
     """Insert the request's full pages so far, free its duplicates, and re-pin the new path."""
     n = len(req.key)
-    key = PageKey(req.key[:n])
+    key = req.key if isinstance(req.key, PageKey) else PageKey(req.key)
     prefix_pages = cache.insert(key, req.kv[:n], chunked=chunked) // cache.page_size
     if prefix_pages > req.protected_pages:
         cache.controller.free_device(req.kv[req.protected_pages : prefix_pages])
@@ -82,7 +83,10 @@ def cache_finished_req(
     n = len(req.key) if insert_pages is None else min(insert_pages, len(req.key))
     ctrl = cache.controller
     if insert:
-        prefix_pages = cache.insert(PageKey(req.key[:n]), req.kv[:n]) // cache.page_size
+        key = (
+            req.key if n == len(req.key) and isinstance(req.key, PageKey) else PageKey(req.key[:n])
+        )
+        prefix_pages = cache.insert(key, req.kv[:n]) // cache.page_size
         if prefix_pages > req.protected_pages:
             ctrl.free_device(req.kv[req.protected_pages : prefix_pages])
         tail = req.kv[n:]

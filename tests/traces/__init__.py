@@ -1,0 +1,1 @@
+"""Tests of the `traces` package."""

@@ -1,0 +1,271 @@
+"""``hicache-sim trace ...``: stats, convert, gen, validate.
+
+`register(subparsers)` adds the ``trace`` command to a parent argparse parser (its
+``func`` default is `run`); `main(argv)` runs it stand-alone (``python -m traces.cli``).
+User errors (bad files, bad parameters) print one line to stderr and give exit code 2;
+tracebacks are for bugs only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import sys
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from traces.schema import DEFAULT_BLOCK_SIZE, Trace, TraceError
+
+EXIT_USER_ERROR = 2
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``trace`` command (with sub-commands stats, convert, gen, validate) to an
+    ``argparse`` sub-parsers object; the parsed namespace gets ``func=run``."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "trace",
+        help="inspect, convert, generate and validate request traces",
+        description="Inspect, convert, generate and validate request traces "
+        "(JSONL, JSONL.gz, Parquet; see traces/README.md).",
+    )
+    _add_subcommands(parser)
+    parser.set_defaults(func=run)
+    return parser
+
+
+def _add_subcommands(parser: argparse.ArgumentParser) -> None:
+    from traces.convert import SOURCE_FORMATS
+    from traces.generate import (
+        DISTRIBUTIONS,
+        GENERATOR_SUMMARY,
+        GENERATORS,
+        PARAM_HELP,
+        generator_params,
+    )
+
+    sub = parser.add_subparsers(dest="trace_command", metavar="COMMAND")
+    sub.required = True
+
+    p = sub.add_parser("stats", help="print statistics of a trace (or of a vidur/Azure CSV)")
+    p.add_argument("file", type=Path)
+    p.add_argument(
+        "--page-size",
+        type=int,
+        default=None,
+        help="page size for the infinite-capacity hit ratio (default: 1 and the block size)",
+    )
+    p.add_argument("--no-reuse", action="store_true", help="skip the reuse-distance histogram")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--lenient", action="store_true", help="skip bad lines (and count them)")
+
+    p = sub.add_parser("convert", help="convert between trace formats (and from CSV)")
+    p.add_argument("input", type=Path)
+    p.add_argument("output", type=Path, help="output file: .jsonl, .jsonl.gz or .parquet")
+    p.add_argument(
+        "--from",
+        dest="from_format",
+        choices=SOURCE_FORMATS,
+        default="auto",
+        help="source format (default: by suffix; a .csv is recognised by its header row)",
+    )
+    p.add_argument(
+        "--block-size",
+        type=int,
+        default=DEFAULT_BLOCK_SIZE,
+        help="block size given to CSV sources (default %(default)s)",
+    )
+    p.add_argument("--lenient", action="store_true", help="skip bad lines (and count them)")
+    p.add_argument("--json", action="store_true", help="print a JSON summary")
+
+    p = sub.add_parser("validate", help="check a trace file; exit 0 if it is valid")
+    p.add_argument("file", type=Path)
+    p.add_argument("--lenient", action="store_true", help="skip bad lines (and count them)")
+    p.add_argument("--json", action="store_true", help="print a JSON summary")
+
+    p = sub.add_parser("gen", help="generate a synthetic trace")
+    kinds = p.add_subparsers(dest="kind", metavar="KIND")
+    kinds.required = True
+    for kind, fn in GENERATORS.items():
+        k = kinds.add_parser(
+            kind,
+            help=GENERATOR_SUMMARY[kind],
+            description=inspect.cleandoc(fn.__doc__ or GENERATOR_SUMMARY[kind]),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        k.add_argument(
+            "--out", type=Path, required=True, help="output file: .jsonl, .jsonl.gz or .parquet"
+        )
+        k.add_argument("--json", action="store_true", help="print a JSON summary")
+        for name, default in generator_params(kind).items():
+            flag = "--" + name.replace("_", "-")
+            text = PARAM_HELP.get(name, "")
+            if isinstance(default, bool):
+                k.add_argument(
+                    flag, action=argparse.BooleanOptionalAction, default=default, help=text
+                )
+            elif name == "distribution":
+                k.add_argument(
+                    flag,
+                    choices=DISTRIBUTIONS,
+                    default=default,
+                    help=text + " (default %(default)s)",
+                )
+            else:
+                k.add_argument(
+                    flag, type=type(default), default=default, help=text + " (default %(default)s)"
+                )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Stand-alone parser (``python -m traces.cli``), same options as ``hicache-sim trace``."""
+    parser = argparse.ArgumentParser(
+        prog="hicache-sim trace",
+        description="Inspect, convert, generate and validate request traces.",
+    )
+    _add_subcommands(parser)
+    return parser
+
+
+def _error(message: str) -> int:
+    print(message, file=sys.stderr)
+    return EXIT_USER_ERROR
+
+
+def _report_skips(trace: Trace) -> None:
+    if trace.skipped:
+        print("warning: " + trace.skip_summary(), file=sys.stderr)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run a parsed ``trace`` command; returns the exit code (0 ok, 2 user error)."""
+    try:
+        with warnings.catch_warnings():
+            # Lenient reads warn; the CLI prints its own one-line summary instead.
+            warnings.simplefilter("ignore")
+            return _dispatch(args)
+    except TraceError as err:
+        return _error(str(err))
+    except OSError as err:
+        where = err.filename if err.filename is not None else "trace"
+        return _error(f"{where}:0: file: {err.strerror or err}")
+    except ValueError as err:
+        # parameter errors from generators, keys (page size) and converters
+        return _error(f"trace {args.trace_command}: {err}")
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    command = args.trace_command
+    if command == "stats":
+        return _stats(args)
+    if command == "convert":
+        return _convert(args)
+    if command == "validate":
+        return _validate(args)
+    if command == "gen":
+        return _gen(args)
+    raise AssertionError(f"unknown trace command {command!r}")
+
+
+def _stats(args: argparse.Namespace) -> int:
+    from traces.convert import read_any
+    from traces.stats import format_stats, trace_stats
+
+    # read_any: a lengths-only CSV works too (its header notes that nothing is shared)
+    trace = read_any(args.file, lenient=args.lenient)
+    _report_skips(trace)
+    stats = trace_stats(trace, args.page_size, reuse=not args.no_reuse)
+    print(json.dumps(stats) if args.json else format_stats(stats))
+    return 0
+
+
+def _convert(args: argparse.Namespace) -> int:
+    from traces.convert import convert
+
+    trace = convert(
+        args.input, args.output, args.from_format, block_size=args.block_size, lenient=args.lenient
+    )
+    _report_skips(trace)
+    summary: dict[str, Any] = {
+        "input": str(args.input),
+        "output": str(args.output),
+        "requests": len(trace),
+        "skipped": trace.skipped,
+        "block_size": trace.block_size,
+        "prefix_info": trace.header.extra.get("prefix_info", True),
+    }
+    note = (
+        trace.header.extra.get("note") if trace.header.extra.get("prefix_info") is False else None
+    )
+    if args.json:
+        if note:
+            summary["note"] = note
+        print(json.dumps(summary))
+    else:
+        print(f"wrote {args.output}: {len(trace):,} requests (block_size {trace.block_size})")
+        if note:
+            print(f"note: {note}")
+    return 0
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from traces.io import iter_requests
+
+    reader = iter_requests(args.file, lenient=args.lenient)
+    with reader:
+        for _ in reader:
+            pass
+    summary = {
+        "file": str(args.file),
+        "valid": True,
+        "requests": reader.count,
+        "skipped": reader.skipped,
+        "block_size": reader.header.block_size,
+    }
+    if reader.skipped:
+        fields = ", ".join(f"{n} x {f}" for f, n in reader.skipped_by_field.most_common())
+        print(
+            f"warning: {args.file}: skipped {reader.skipped} bad lines ({fields}); first: "
+            f"{reader.skipped_examples[0]}",
+            file=sys.stderr,
+        )
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(f"{args.file}: ok, {reader.count:,} requests (block_size {reader.header.block_size})")
+    return 0
+
+
+def _gen(args: argparse.Namespace) -> int:
+    from traces.generate import generate, generator_params
+    from traces.io import write_trace
+
+    params = {name: getattr(args, name) for name in generator_params(args.kind)}
+    trace = generate(args.kind, **params)
+    write_trace(trace, args.out)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "output": str(args.out),
+                    "generator": args.kind,
+                    "requests": len(trace),
+                    "params": params,
+                }
+            )
+        )
+    else:
+        print(f"wrote {args.out}: {len(trace):,} requests ({args.kind}, seed {args.seed})")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Stand-alone entry point: ``python -m traces.cli stats FILE`` etc."""
+    args = build_parser().parse_args(argv)
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

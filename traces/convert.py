@@ -1,0 +1,289 @@
+"""Converters from length-only CSV traces, and whole-file conversion between formats.
+
+vidur / Splitwise CSV: columns ``arrived_at`` (seconds), ``num_prefill_tokens``,
+``num_decode_tokens`` (other columns are ignored). Azure LLM inference CSV: columns
+``TIMESTAMP`` (a date-time such as ``2023-11-16 18:15:46.6805900``, or seconds),
+``ContextTokens``, ``GeneratedTokens``.
+
+These files carry no prefix information, so every converted request gets hash ids of its
+own (fresh, consecutive ids): nothing is ever shared and every prefix hit ratio computed
+from the result is 0. The output header says so (``prefix_info: false`` and a ``note``).
+Rows out of time order are sorted (stably) and the header records how many there were.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import warnings
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from itertools import pairwise
+from pathlib import Path
+from typing import Literal
+
+from traces.io import MAX_SKIPPED_EXAMPLES, TraceSkipWarning, file_kind, read_trace, write_trace
+from traces.schema import DEFAULT_BLOCK_SIZE, Request, Trace, TraceError, TraceHeader
+
+CsvFormat = Literal["vidur", "azure"]
+SOURCE_FORMATS: tuple[str, ...] = ("auto", "jsonl", "parquet", "vidur", "splitwise", "azure")
+
+VIDUR_COLUMNS = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
+AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+NO_PREFIX_NOTE = (
+    "converted from a lengths-only CSV: no prefix information, every request has unique "
+    "blocks, so the prefix hit ratio of this trace is 0"
+)
+
+
+@dataclass(slots=True)
+class _Row:
+    time_ms: float
+    input_length: int
+    output_length: int
+
+
+def _int_cell(text: str, path: Path, line: int, column: str) -> int:
+    try:
+        value = float(text)
+    except ValueError:
+        raise TraceError(path, line, column, f"not a number: {text!r}") from None
+    if not math.isfinite(value) or not value.is_integer():
+        raise TraceError(path, line, column, f"not an integer: {text!r}")
+    return int(value)
+
+
+def _seconds_cell(text: str, path: Path, line: int, column: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise TraceError(path, line, column, f"not a number of seconds: {text!r}") from None
+    if not math.isfinite(value):
+        raise TraceError(path, line, column, f"not a finite number: {text!r}")
+    return value * 1000.0
+
+
+def _azure_time_parser(path: Path) -> Callable[[str, int], float]:
+    """Parse TIMESTAMP cells to milliseconds since the first date-time cell."""
+    origin: list[datetime] = []
+
+    def parse(text: str, line: int) -> float:
+        try:
+            return float(text) * 1000.0
+        except ValueError:
+            pass
+        try:
+            stamp = datetime.fromisoformat(text.strip())
+        except ValueError:
+            raise TraceError(path, line, "TIMESTAMP", f"not a date-time: {text!r}") from None
+        if not origin:
+            origin.append(stamp)
+        try:
+            delta = stamp - origin[0]
+        except TypeError:
+            raise TraceError(
+                path, line, "TIMESTAMP", "mixes date-times with and without a time zone"
+            ) from None
+        return delta.total_seconds() * 1000.0
+
+    return parse
+
+
+def sniff_csv(path: str | Path) -> CsvFormat:
+    """Which CSV flavour a file is, from its header row. Raises `TraceError` if neither."""
+    path = Path(path)
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            header = next(csv.reader(f), [])
+    except OSError as exc:
+        raise TraceError(path, 0, "file", f"cannot open: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise TraceError(path, 1, "line", "not valid UTF-8") from None
+    names = {h.strip() for h in header}
+    if set(VIDUR_COLUMNS) <= names:
+        return "vidur"
+    if set(AZURE_COLUMNS) <= names:
+        return "azure"
+    if not header:
+        raise TraceError(path, 0, "file", "empty file")
+    raise TraceError(
+        path,
+        1,
+        "header",
+        "not a known CSV trace: expected columns "
+        + ",".join(VIDUR_COLUMNS)
+        + " (vidur/Splitwise) or "
+        + ",".join(AZURE_COLUMNS)
+        + " (Azure)",
+    )
+
+
+def read_csv_trace(
+    path: str | Path,
+    flavour: CsvFormat | None = None,
+    *,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    lenient: bool = False,
+) -> Trace:
+    """Convert a vidur/Splitwise or Azure CSV (flavour sniffed from the header row when None)
+    to a hash-id `Trace` in which every request has unique blocks.
+
+    Line numbers in errors count the CSV header as line 1. Strict reads raise `TraceError`
+    on the first bad row; lenient reads skip and count bad rows like `read_trace`.
+    """
+    path = Path(path)
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    flavour = flavour or sniff_csv(path)
+    columns = VIDUR_COLUMNS if flavour == "vidur" else AZURE_COLUMNS
+    trace = Trace(requests=[], path=path)
+    rows = list(_csv_rows(path, columns, trace, lenient))
+    if not rows:
+        if trace.skipped:
+            raise TraceError(path, 0, "file", f"no valid rows ({trace.skipped} bad rows skipped)")
+        raise TraceError(path, 0, "file", "no rows")
+
+    out_of_order = sum(1 for a, b in pairwise(rows) if b.time_ms < a.time_ms)
+    rows.sort(key=lambda r: r.time_ms)
+    origin = min(0.0, rows[0].time_ms)
+    next_id = 0
+    for row in rows:
+        n_blocks = -(-row.input_length // block_size)
+        req = Request(
+            timestamp=row.time_ms - origin,
+            input_length=row.input_length,
+            output_length=row.output_length,
+            hash_ids=list(range(next_id, next_id + n_blocks)),
+        )
+        next_id += n_blocks
+        trace.requests.append(req)
+
+    trace.header = TraceHeader(
+        block_size=block_size,
+        extra={
+            "source": f"{'vidur/Splitwise' if flavour == 'vidur' else 'Azure'} CSV",
+            "source_file": path.name,
+            "prefix_info": False,
+            "note": NO_PREFIX_NOTE,
+            "rows_out_of_order": out_of_order,
+        },
+    )
+    if trace.skipped:
+        warnings.warn(trace.skip_summary(), TraceSkipWarning, stacklevel=2)
+    return trace
+
+
+def _csv_rows(
+    path: Path, columns: tuple[str, str, str], trace: Trace, lenient: bool
+) -> Iterator[_Row]:
+    time_col, in_col, out_col = columns
+    azure = time_col == "TIMESTAMP"
+    parse_azure = _azure_time_parser(path)
+    skipped: Counter[str] = trace.skipped_by_field
+    try:
+        f = open(path, newline="", encoding="utf-8")  # noqa: SIM115
+    except OSError as exc:
+        raise TraceError(path, 0, "file", f"cannot open: {exc.strerror or exc}") from None
+    with f:
+        reader = csv.reader(f)
+        try:
+            header = [h.strip() for h in next(reader)]
+        except StopIteration:
+            raise TraceError(path, 0, "file", "empty file") from None
+        index = {}
+        for name in columns:
+            if name not in header:
+                raise TraceError(path, 1, name, "missing column")
+            index[name] = header.index(name)
+        width = max(index.values()) + 1
+        line = 1
+        while True:
+            try:
+                cells = next(reader)
+            except StopIteration:
+                break
+            except (csv.Error, UnicodeDecodeError) as exc:
+                raise TraceError(path, reader.line_num, "line", f"bad CSV: {exc}") from None
+            line = reader.line_num
+            if not cells or all(not c.strip() for c in cells):
+                continue
+            try:
+                if len(cells) < width:
+                    raise TraceError(
+                        path, line, "line", f"{len(cells)} cells, expected at least {width}"
+                    )
+                t_text = cells[index[time_col]]
+                time_ms = (
+                    parse_azure(t_text, line)
+                    if azure
+                    else _seconds_cell(t_text, path, line, time_col)
+                )
+                if time_ms < 0 and not azure:
+                    raise TraceError(path, line, time_col, f"must be >= 0, got {t_text!r}")
+                n_in = _int_cell(cells[index[in_col]], path, line, in_col)
+                if n_in < 1:
+                    raise TraceError(path, line, in_col, f"must be >= 1, got {n_in}")
+                n_out = _int_cell(cells[index[out_col]], path, line, out_col)
+                if n_out < 0:
+                    raise TraceError(path, line, out_col, f"must be >= 0, got {n_out}")
+            except TraceError as err:
+                if not lenient:
+                    raise
+                trace.skipped += 1
+                skipped[err.field] += 1
+                if len(trace.skipped_examples) < MAX_SKIPPED_EXAMPLES:
+                    trace.skipped_examples.append(err)
+                continue
+            yield _Row(time_ms, n_in, n_out)
+
+
+def read_any(
+    path: str | Path,
+    from_format: str = "auto",
+    *,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    lenient: bool = False,
+) -> Trace:
+    """Read a trace in any supported source format.
+
+    `from_format` is one of `SOURCE_FORMATS`: "auto" picks by suffix (.jsonl, .jsonl.gz,
+    .parquet; .csv is sniffed from its header row), "splitwise" is an alias of "vidur".
+    `block_size` applies to CSV sources only (trace files carry their own).
+    """
+    path = Path(path)
+    if from_format not in SOURCE_FORMATS:
+        raise ValueError(
+            f"unknown source format {from_format!r} (choose from " + ", ".join(SOURCE_FORMATS) + ")"
+        )
+    if from_format == "auto":
+        if path.name.lower().endswith(".csv"):
+            return read_csv_trace(path, None, block_size=block_size, lenient=lenient)
+        file_kind(path)  # raises a TraceError for an unknown suffix
+        return read_trace(path, lenient=lenient)
+    if from_format in ("vidur", "splitwise"):
+        return read_csv_trace(path, "vidur", block_size=block_size, lenient=lenient)
+    if from_format == "azure":
+        return read_csv_trace(path, "azure", block_size=block_size, lenient=lenient)
+    kind = file_kind(path)
+    if (from_format == "parquet") != (kind == "parquet"):
+        raise TraceError(
+            path, 0, "file", f"--from {from_format} does not match the file suffix ({kind})"
+        )
+    return read_trace(path, lenient=lenient)
+
+
+def convert(
+    src: str | Path,
+    dst: str | Path,
+    from_format: str = "auto",
+    *,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    lenient: bool = False,
+) -> Trace:
+    """Read `src` (see `read_any`) and write it to `dst` (format by suffix); returns the
+    trace that was written."""
+    trace = read_any(src, from_format, block_size=block_size, lenient=lenient)
+    write_trace(trace, dst)
+    return trace
