@@ -38,7 +38,7 @@ def test_hand_computed_with_host_tier() -> None:
     reqs = [
         R(a),  # A written through (10)
         R(list(range(30, 42))),  # needs 12, 6 free: evict(12) demotes A; B written (12)
-        R(a + [50, 51]),  # host hit 10: load needs 10, 4 free: evict(10) demotes B; +2 written
+        R([*a, 50, 51]),  # host hit 10: load needs 10, 4 free: evict(10) demotes B; +2 written
     ]
     res = replay(reqs, HitRateConfig(device_tokens=16, host_tokens=40, page_size=1))
     assert (res.prompt_tokens, res.device_hit_tokens, res.host_hit_tokens) == (34, 0, 10)

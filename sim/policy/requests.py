@@ -28,7 +28,7 @@ class ReqKV:
 
 
 def admit(
-    cache: HiRadixCache, key: list[Hashable], max_prefix_pages: int
+    cache: HiRadixCache, key: Sequence[Hashable], max_prefix_pages: int
 ) -> tuple[ReqKV, int, int]:
     """Match a new request and load its host hit, as ``PrefillAdder.add_one_req`` does.
 
