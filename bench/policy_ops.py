@@ -14,9 +14,8 @@ import statistics
 import time
 from pathlib import Path
 
-from sim.hitrate import CacheReplay, HitRateConfig, ReplayRequest
+from sim.hitrate import CacheReplay, HitRateConfig, requests_for
 from traces.io import read_trace
-from traces.keys import page_symbols
 
 TRACE = Path(__file__).resolve().parent.parent / "traces/data/mooncake/conversation_trace.jsonl"
 
@@ -30,10 +29,7 @@ def main() -> None:
     args = ap.parse_args()
     trace = read_trace(TRACE)
     for p in (int(x) for x in args.page_sizes.split(",")):
-        reqs = [
-            ReplayRequest(page_symbols(r, p, trace.block_size), r.input_length, r.output_length)
-            for r in trace
-        ]
+        reqs = requests_for(trace, p)
         dev = args.device_tokens // p * p
         cfg = HitRateConfig(
             device_tokens=dev, host_tokens=int(dev * args.host_ratio) // p * p, page_size=p

@@ -40,6 +40,7 @@ from sim.policy import (
     PageKey,
     TreeNode,
 )
+from sim.policy.allocator import device_pool
 from sim.policy.requests import admit, cache_finished_req, cache_unfinished_req
 
 OUTPUT_MODES = ("cache", "skip")
@@ -142,7 +143,7 @@ class CacheReplay:
         cfg.validate()
         self.cfg = cfg
         p = cfg.page_size
-        self.device = PageAllocator(cfg.device_tokens // p, p, "device")
+        self.device = device_pool(cfg.device_tokens // p, p)
         self.host = PageAllocator(cfg.host_tokens // p, p, "host") if cfg.host_tokens else None
         self.ctrl = ImmediateController(self.device, self.host)
         self.cache = HiRadixCache(
@@ -167,7 +168,9 @@ class CacheReplay:
         L = r.input_length
         res.requests += 1
         res.prompt_tokens += L
-        key = PageKey(r.symbols[: L // p])
+        n = L // p
+        sym = r.symbols
+        key = sym if len(sym) == n and isinstance(sym, PageKey) else PageKey(sym[:n])
         req, dev_pages, loaded_pages = admit(cache, key, max(0, (L - 1) // p))
         if loaded_pages:
             cache.ready_to_load_host_cache()
@@ -326,7 +329,7 @@ def requests_for(trace: Any, page_size: int) -> list[ReplayRequest]:
 
     bs = trace.block_size
     return [
-        ReplayRequest(page_symbols(r, page_size, bs), r.input_length, r.output_length)
+        ReplayRequest(PageKey(page_symbols(r, page_size, bs)), r.input_length, r.output_length)
         for r in trace
     ]
 

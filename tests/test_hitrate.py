@@ -153,3 +153,21 @@ def test_cli_unreadable_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     rc = main(["hitrate", str(bad), "--device-tokens", "4096"])
     err = capsys.readouterr().err
     assert rc == 2 and "bad.jsonl:1:" in err
+
+
+@pytest.mark.parametrize("page_size", [1, 4, 64])
+@pytest.mark.parametrize("write_policy", ["write_through", "write_through_selective", "write_back"])
+def test_replay_keeps_every_invariant_under_pressure(page_size: int, write_policy: str) -> None:
+    """Small pools so eviction, host eviction and load-back happen constantly; after every
+    request all pages are back with the tree or the free lists, each owned exactly once."""
+    from sim.hitrate import CacheReplay
+
+    trace = read_trace(DATA / "synthetic" / "multiturn.jsonl")
+    reqs = requests_for(trace, page_size)
+    dev = 6144 // page_size * page_size
+    rp = CacheReplay(HitRateConfig(dev, 2 * dev, page_size, "lru", write_policy))
+    for r in reqs[:120]:
+        rp.step(r)
+        rp.cache.check_invariants(device_pages_outside=[])
+    res = rp.finish()
+    assert res.device_evicted_tokens > 0 and res.host_hit_tokens > 0

@@ -19,9 +19,17 @@ class PageAllocator:
     ``available_size()``; the ids handed out are page ids.
     """
 
-    __slots__ = ("_free", "_head", "name", "num_pages", "page_size")
+    __slots__ = ("_free", "_head", "name", "num_pages", "page_size", "reuse")
 
-    def __init__(self, num_pages: int, page_size: int, name: str = "pool") -> None:
+    def __init__(
+        self, num_pages: int, page_size: int, name: str = "pool", reuse: str = "fifo"
+    ) -> None:
+        """``reuse``: ``"fifo"`` appends freed pages at the tail (SGLang's host pool and its
+        page-size-1 device allocator); ``"front"`` puts each freed batch, sorted and de-duplicated,
+        at the head so it is reused first (SGLang's paged device allocator)."""
+        if reuse not in ("fifo", "front"):
+            raise ValueError(f"{name}: reuse must be 'fifo' or 'front', got {reuse!r}")
+        self.reuse = reuse
         if page_size < 1:
             raise ValueError(f"{name}: page_size must be >= 1, got {page_size}")
         if num_pages < 0:
@@ -76,8 +84,17 @@ class PageAllocator:
         return out
 
     def free(self, pages: Iterable[int]) -> None:
-        """Return pages to the tail of the free list."""
-        self._free.extend(pages)
+        """Return pages to the free list (tail, or sorted at the head in ``"front"`` mode)."""
+        if self.reuse == "fifo":
+            self._free.extend(pages)
+            return
+        new = sorted(set(pages))
+        k, head = len(new), self._head
+        if k <= head:
+            self._free[head - k : head] = new
+            self._head = head - k
+        else:
+            self._free[head:head] = new
 
     def clear(self) -> None:
         """Every page free again, in id order (SGLang's ``clear()`` on flush)."""
@@ -87,6 +104,11 @@ class PageAllocator:
     def free_pages_snapshot(self) -> list[int]:
         """The free list in order (for invariant checks and tests)."""
         return self._free[self._head :]
+
+
+def device_pool(num_pages: int, page_size: int) -> PageAllocator:
+    """A device allocator that reuses pages in SGLang's order for this page size."""
+    return PageAllocator(num_pages, page_size, "device", reuse="front" if page_size > 1 else "fifo")
 
 
 def host_pool_tokens(

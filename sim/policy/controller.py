@@ -137,7 +137,7 @@ class BaseController:
             self.host_alloc_failures += 1
             return None
         self._next_op += 1
-        op = WriteOp(self._next_op, node_id, list(device_pages), host_pages)
+        op = WriteOp(self._next_op, node_id, device_pages, host_pages)
         self.write_queue.append(op)
         self.write_ops += 1
         self.tokens_written += len(host_pages) * self.page_size
@@ -149,7 +149,7 @@ class BaseController:
         if device_pages is None:
             self.device_alloc_failures += 1
             return None
-        self.pending_loads.append(LoadOp(node_id, list(host_pages), device_pages))
+        self.pending_loads.append(LoadOp(node_id, host_pages, device_pages))
         return device_pages
 
     def start_loading(self) -> int:

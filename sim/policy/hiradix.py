@@ -23,7 +23,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
-from typing import Any, NamedTuple
+from typing import Any
 
 from sim.policy.controller import TransferController
 from sim.policy.eviction import KeyFn, get_strategy
@@ -35,24 +35,75 @@ WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 LOAD_BACK_THRESHOLD = 10
 
 
-class MatchResult(NamedTuple):
-    """What ``match_prefix`` returns (SGLang's ``MatchResult``)."""
+class MatchResult:
+    """What ``match_prefix`` returns (SGLang's ``MatchResult``).
 
-    device_indices: list[int]
-    """Device page ids of the device-resident matched prefix, in order."""
-    last_device_node: TreeNode
-    """Deepest device-resident node on the matched path (root if none)."""
-    last_host_node: TreeNode
-    """Deepest backed-up node on the matched path (root if none)."""
-    host_hit_length: int
-    """Tokens matched on host-only (evicted) nodes below ``last_device_node``."""
-    best_match_node: TreeNode
-    """Equal to ``last_host_node`` (the node to pass to ``init_load_back``)."""
-    page_size: int
+    ``device_indices`` is assembled from the matched nodes' page lists on first use, so callers
+    that only need lengths or a slice (``device_slice``) do not pay for a full copy.
+    """
+
+    __slots__ = (
+        "_indices",
+        "_segments",
+        "best_match_node",
+        "device_pages",
+        "host_hit_length",
+        "last_device_node",
+        "last_host_node",
+        "page_size",
+    )
+
+    def __init__(
+        self,
+        segments: list[list[int]],
+        device_pages: int,
+        last_device_node: TreeNode,
+        last_host_node: TreeNode,
+        host_hit_length: int,
+        page_size: int,
+    ) -> None:
+        self._segments = segments
+        self._indices: list[int] | None = None
+        self.device_pages = device_pages
+        """Number of device-resident matched pages."""
+        self.last_device_node = last_device_node
+        """Deepest device-resident node on the matched path (root if none)."""
+        self.last_host_node = last_host_node
+        """Deepest backed-up node on the matched path (root if none)."""
+        self.best_match_node = last_host_node
+        """Equal to ``last_host_node`` (the node to pass to ``init_load_back``)."""
+        self.host_hit_length = host_hit_length
+        """Tokens matched on host-only (evicted) nodes below ``last_device_node``."""
+        self.page_size = page_size
+
+    @property
+    def device_indices(self) -> list[int]:
+        """Device page ids of the device-resident matched prefix, in order."""
+        if self._indices is None:
+            out: list[int] = []
+            for seg in self._segments:
+                out += seg
+            self._indices = out
+        return self._indices
+
+    def device_slice(self, start: int, stop: int) -> list[int]:
+        """``device_indices[start:stop]`` (in pages) without assembling the whole list."""
+        if self._indices is not None:
+            return self._indices[start:stop]
+        out: list[int] = []
+        pos = 0
+        for seg in self._segments:
+            end = pos + len(seg)
+            if end > start and pos < stop:
+                out += seg[max(0, start - pos) : stop - pos]
+            pos = end
+            if pos >= stop:
+                break
+        return out
 
     @property
     def device_hit_length(self) -> int:
-        return len(self.device_indices) * self.page_size
+        return self.device_pages * self.page_size
 
 
 @dataclass
@@ -271,8 +322,13 @@ class HiRadixCache:
         return delta * self.page_size
 
     # ----------------------------------------------------------------------------- matching --
-    def match_prefix(self, key: Sequence[Any], extra_key: str | None = None) -> MatchResult:
+    def match_prefix(
+        self, key: Sequence[Any], extra_key: str | None = None, limit: int | None = None
+    ) -> MatchResult:
         """Longest cached prefix of ``key`` (device part, then host-only part).
+
+        ``limit`` (tokens) matches only ``key[:limit]`` without copying it (SGLang's
+        ``RadixKey`` limit, used to match ``input_len - 1`` tokens).
 
         Mutates: touches root and every node walked (including host-only ones) and may split the
         last node on a page boundary — even if the caller then does not admit the request.
@@ -280,27 +336,30 @@ class HiRadixCache:
         self.stats.match_calls += 1
         pkey = to_page_key(key, self.page_size)
         root = self.root
-        if not pkey:
-            return MatchResult([], root, root, 0, root, self.page_size)
-        values: list[int] = []
+        if not pkey or limit is not None and limit < self.page_size:
+            return MatchResult([], 0, root, root, 0, self.page_size)
+        segments: list[list[int]] = []
+        dev_pages = 0
         node = root
         self._touch(node)
         off = 0
-        n = len(pkey)
+        n = len(pkey) if limit is None else min(len(pkey), limit // self.page_size)
         while off < n:
             child = node.children.get(child_key(pkey, off, extra_key))
             if child is None:
                 break
             self._touch(child)
-            p = match_len(child.key, pkey, off)
+            p = match_len(child.key, pkey, off, n)
             if p < len(child.key):
                 upper = self._split_node(child, p)
                 if upper.value is not None:
-                    values += upper.value
+                    segments.append(upper.value)
+                    dev_pages += p
                 node = upper
                 break
             if child.value is not None:
-                values += child.value
+                segments.append(child.value)
+                dev_pages += p
             node = child
             off += p
         last = node
@@ -317,7 +376,7 @@ class HiRadixCache:
             assert parent is not None
             last_host = parent
         return MatchResult(
-            values, last, last_host, host_pages * self.page_size, last_host, self.page_size
+            segments, dev_pages, last, last_host, host_pages * self.page_size, self.page_size
         )
 
     def _split_node(self, child: TreeNode, split: int) -> TreeNode:

@@ -38,14 +38,16 @@ def to_page_key(tokens: Sequence[Any], page_size: int) -> tuple[Hashable, ...]:
     return tuple(tuple(tokens[i : i + page_size]) for i in range(0, n, page_size))
 
 
-def match_len(node_key: tuple[Hashable, ...], key: tuple[Hashable, ...], off: int) -> int:
-    """Length (in pages) of the common prefix of ``node_key`` and ``key[off:]``.
+def match_len(
+    node_key: tuple[Hashable, ...], key: tuple[Hashable, ...], off: int, end: int | None = None
+) -> int:
+    """Length (in pages) of the common prefix of ``node_key`` and ``key[off:end]``.
 
     A full match is one slice comparison in C; a partial one is found by bisection over slice
     comparisons, so no Python loop runs per page or token.
     """
     n = len(node_key)
-    seg = key[off : off + n]
+    seg = key[off : off + n if end is None else min(off + n, end)]
     if seg == node_key:
         return n
     # bisect for the first mismatch: lo pages are known equal, hi pages are known not all equal

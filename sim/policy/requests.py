@@ -36,8 +36,8 @@ def admit(
     loads a host hit back (``init_load_back``, with the device prefix temporarily locked), then
     locks the final last node for the request. Returns (state, device-hit pages, loaded pages).
     """
-    m = cache.match_prefix(PageKey(key[:max_prefix_pages]))
     key = key if isinstance(key, PageKey) else PageKey(key)
+    m = cache.match_prefix(key, limit=max_prefix_pages * cache.page_size)
     prefix = m.device_indices
     last = m.last_device_node
     loaded = 0
@@ -51,7 +51,7 @@ def admit(
         last = new_last
     cache.inc_lock_ref(last)
     req = ReqKV(key=key, kv=list(prefix), last_node=last, protected_pages=len(prefix))
-    return req, len(m.device_indices), loaded
+    return req, m.device_pages, loaded
 
 
 def cache_unfinished_req(cache: HiRadixCache, req: ReqKV, chunked: bool = False) -> None:
@@ -62,9 +62,15 @@ def cache_unfinished_req(cache: HiRadixCache, req: ReqKV, chunked: bool = False)
     if prefix_pages > req.protected_pages:
         cache.controller.free_device(req.kv[req.protected_pages : prefix_pages])
     m = cache.match_prefix(key)
-    if len(m.device_indices) != n:
+    if m.device_pages != n:
         raise AssertionError("cache_unfinished_req: re-match did not cover the inserted key")
-    req.kv[:n] = m.device_indices
+    # the tree's pages now back the whole key: below protected_pages they already were the
+    # request's; from prefix_pages on they are the request's own (inserted or adopted); only the
+    # duplicates in between change
+    if prefix_pages > req.protected_pages:
+        req.kv[req.protected_pages : prefix_pages] = m.device_slice(
+            req.protected_pages, prefix_pages
+        )
     cache.dec_lock_ref(req.last_node)
     cache.inc_lock_ref(m.last_device_node)
     req.last_node = m.last_device_node

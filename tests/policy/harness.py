@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sim.policy import HiRadixCache, ManualController, PageAllocator, to_page_key
+from sim.policy.allocator import device_pool
 
 
 class Harness:
@@ -24,7 +25,7 @@ class Harness:
         eviction_policy: str = "lru",
     ) -> None:
         self.page_size = page_size
-        self.device = PageAllocator(device_tokens // page_size, page_size, "device")
+        self.device = device_pool(device_tokens // page_size, page_size)
         self.host = (
             None
             if host_tokens is None

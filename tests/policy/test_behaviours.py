@@ -584,3 +584,30 @@ def test_heap_order_matches_a_fresh_heap_per_call() -> None:
                 c.evict(1)
                 assert expect.evicted, (policy, step)
             h.check()
+
+
+def test_allocators_reuse_pages_in_sglang_order() -> None:
+    fifo = PageAllocator(6, 1, reuse="fifo")
+    a = fifo.alloc_pages(4)
+    assert a == [0, 1, 2, 3]
+    fifo.free([3, 1])
+    assert fifo.free_pages_snapshot() == [4, 5, 3, 1]  # appended at the tail
+    front = PageAllocator(6, 64, reuse="front")
+    b = front.alloc_pages(4)
+    assert b == [0, 1, 2, 3]
+    front.free([3, 1, 3])
+    assert front.free_pages_snapshot() == [1, 3, 4, 5]  # sorted, unique, reused first
+    assert front.alloc_pages(1) == [1]
+    assert front.alloc(64 * 3) == [3, 4, 5] and front.alloc(64) is None
+    with pytest.raises(ValueError, match="not a multiple of page_size"):
+        front.alloc(10)
+
+
+def test_match_limit_matches_only_a_prefix_without_copying() -> None:
+    h = Harness()
+    c = h.cache
+    h.insert(T[:20])
+    m = c.match_prefix(T[:20], limit=19)
+    assert m.device_hit_length == 19 and len(h.node(T[:19]).key) == 19  # split at 19
+    assert c.match_prefix(T[:20], limit=0).device_hit_length == 0
+    h.check()

@@ -23,6 +23,7 @@ from hypothesis.stateful import (
 )
 
 from sim.policy import HiRadixCache, ManualController, PageAllocator, TreeNode, to_page_key
+from sim.policy.allocator import device_pool
 from sim.policy.controller import LoadOp, WriteOp
 
 ALPHABET = st.integers(min_value=0, max_value=2)
@@ -65,7 +66,7 @@ class PolicyMachine(RuleBasedStateMachine):
         self, page_size: int, write_policy: str, eviction: str, device_pages: int, host_extra: int
     ) -> None:
         self.ps = page_size
-        device = PageAllocator(device_pages, page_size, "device")
+        device = device_pool(device_pages, page_size)
         host = PageAllocator(device_pages + host_extra, page_size, "host")
         self.ctrl = ContentController(device, host)
         self.cache = HiRadixCache(self.ctrl, write_policy=write_policy, eviction_policy=eviction)
