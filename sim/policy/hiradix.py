@@ -336,7 +336,7 @@ class HiRadixCache:
         self.stats.match_calls += 1
         pkey = to_page_key(key, self.page_size)
         root = self.root
-        if not pkey or limit is not None and limit < self.page_size:
+        if not pkey or (limit is not None and limit < self.page_size):
             return MatchResult([], 0, root, root, 0, self.page_size)
         segments: list[list[int]] = []
         dev_pages = 0
