@@ -11,8 +11,8 @@ What one request does here (SGLang's path for a lone request, no concurrency):
    prefill, ``cache_unfinished_req`` inserts the page-aligned prompt (write-through backups are
    issued here and complete before the next step).
 4. Decode allocates the output tokens' KV (evicting one page at a time at page boundaries, as
-   the decode memory check does for a batch of one). Output tokens are unique: they take space
-   and never hit.
+   the decode memory check does for a batch of one): prompt + outputs but the last token, whose
+   KV is never computed. Output tokens are unique: they take space and never hit.
 5. ``cache_finished_req`` inserts prompt + outputs (``outputs="cache"``) or the prompt only
    (``outputs="skip"``; still the request's second insert, so it still counts a hit), frees the
    unaligned tail and releases the lock; its writes complete before the next request.
@@ -186,8 +186,10 @@ class CacheReplay:
         req.kv += pages
         cache_unfinished_req(cache, req)
         cache.writing_check()
-        # decode: one page at each page boundary (all at once when nothing needs evicting)
-        total = L + r.output_length
+        # decode: one page at each page boundary (all at once when nothing needs evicting). The
+        # KV kept is prompt + outputs but the last token, whose KV is never computed (SGLang's
+        # kv_committed_len); a request always produces at least one token.
+        total = L + max(1, r.output_length) - 1
         need = -(-total // p) - len(req.kv)
         if need > 0:
             got = self.device.alloc_pages(need) if self.device.free_page_count() >= need else None

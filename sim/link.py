@@ -1,0 +1,206 @@
+"""The host<->device link as a SimPy model: one in-order copy queue per direction, full duplex.
+
+CUDA copies in one direction serialise (one copy engine per direction, in-order streams); the
+two directions run at the same time, each slower while the other is busy. A job's service time
+alone is ``alpha + runs * gamma + bytes / beta`` (from :mod:`sim.latency`, computed by the caller);
+while the opposite direction has a job in service, the job progresses at rate ``eta`` (< 1) of
+its own. Events happen only when a job starts or ends (at most a few per job): each direction
+keeps one pending timer, re-armed through a generation counter when the other direction's state
+changes (SimPy timeouts cannot be cancelled; stale ones are ignored).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import simpy
+
+DIRECTIONS = ("d2h", "h2d")
+_EPS = 1e-12  # seconds of remaining work below which a job is done (no near-zero re-arming)
+
+
+@dataclass(slots=True, eq=False)
+class Job:
+    """One copy on the link. ``work_s`` is its uncoupled service time."""
+
+    direction: str
+    work_s: float
+    nbytes: int
+    pages: int = 0
+    runs: int = 1
+    kind: str = ""
+    on_done: Callable[[Job], None] | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+    enqueued: float = 0.0
+    start: float = -1.0
+    end: float = -1.0
+
+
+class _Direction:
+    __slots__ = ("busy_since", "busy_time", "gen", "job", "name", "queue", "rate", "remaining", "t")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.queue: deque[Job] = deque()
+        self.job: Job | None = None
+        self.remaining = 0.0
+        self.rate = 1.0
+        self.t = 0.0
+        self.gen = 0
+        self.busy_time = 0.0
+        self.busy_since = 0.0
+
+
+class DuplexLink:
+    """Two FIFO copy queues with duplex coupling ``eta[direction]`` (1.0 = no interference)."""
+
+    def __init__(
+        self,
+        env: simpy.Environment,
+        eta: dict[str, float] | None = None,
+        on_change: Callable[[], None] | None = None,
+    ) -> None:
+        self.env = env
+        self.eta = {"d2h": 1.0, "h2d": 1.0, **(eta or {})}
+        self.dirs = {d: _Direction(d) for d in DIRECTIONS}
+        self.on_change = on_change
+        self.events = 0  # timers armed (for tests: bounded per job)
+
+    # ------------------------------------------------------------------------------ public --
+    def submit(self, job: Job) -> Job:
+        """Queue ``job`` behind everything already queued in its direction."""
+        d = self.dirs[job.direction]
+        job.enqueued = self.env.now
+        d.queue.append(job)
+        if d.job is None:
+            self._start_next(d)
+        return job
+
+    def busy(self, direction: str) -> bool:
+        return self.dirs[direction].job is not None
+
+    def queued(self, direction: str) -> int:
+        d = self.dirs[direction]
+        return len(d.queue) + (d.job is not None)
+
+    def busy_time(self, direction: str) -> float:
+        """Seconds this direction has had a job in service so far."""
+        d = self.dirs[direction]
+        extra = self.env.now - d.busy_since if d.job is not None else 0.0
+        return d.busy_time + extra
+
+    def drain_time(self, direction: str) -> float:
+        """When everything queued in ``direction`` will have finished, assuming the other
+        direction's current busy state persists (used for blocking waits)."""
+        d = self.dirs[direction]
+        now = self.env.now
+        if d.job is None:
+            return now
+        self._advance(d)
+        other_busy = self.dirs[_other(direction)].job is not None
+        rate = self.eta[direction] if other_busy else 1.0
+        work = d.remaining + sum(j.work_s for j in d.queue)
+        return now + work / rate
+
+    def complete_all_now(self, direction: str) -> float:
+        """Finish every job queued in ``direction`` at its projected drain time, at once.
+
+        Models a blocking ``synchronize`` by the caller: the jobs' callbacks run now (their
+        ``end`` is set to their projected finish), and the direction stays busy until the drain
+        time through one opaque job, so later copies still queue behind them. Returns the
+        drain time.
+        """
+        d = self.dirs[direction]
+        now = self.env.now
+        if d.job is None:
+            return now
+        self._advance(d)
+        other_busy = self.dirs[_other(direction)].job is not None
+        rate = self.eta[direction] if other_busy else 1.0
+        t = now + d.remaining / rate
+        jobs = [d.job]
+        d.job.end = t
+        for j in d.queue:
+            j.start = t
+            t += j.work_s / rate
+            j.end = t
+            jobs.append(j)
+        d.queue.clear()
+        # keep the direction busy until the drain time with a placeholder of that length
+        blocker = Job(direction, (t - now) * rate, 0, kind="drain")
+        blocker.start = now
+        d.job = blocker
+        d.remaining = blocker.work_s
+        d.t = now
+        self._arm(d)
+        for j in jobs:
+            if j.on_done is not None:
+                j.on_done(j)
+        return t
+
+    # ---------------------------------------------------------------------------- internals --
+    def _advance(self, d: _Direction) -> None:
+        now = self.env.now
+        if d.job is not None:
+            d.remaining -= (now - d.t) * d.rate
+        d.t = now
+
+    def _arm(self, d: _Direction) -> None:
+        d.gen += 1
+        gen = d.gen
+        other_busy = self.dirs[_other(d.name)].job is not None
+        d.rate = self.eta[d.name] if other_busy else 1.0
+        delay = max(0.0, d.remaining / d.rate)
+        ev = self.env.timeout(delay)
+        self.events += 1
+        ev.callbacks.append(partial(self._on_timer_cb, d, gen))
+
+    def _on_timer_cb(self, d: _Direction, gen: int, _event: simpy.Event) -> None:
+        self._on_timer(d, gen)
+
+    def _on_timer(self, d: _Direction, gen: int) -> None:
+        if gen != d.gen or d.job is None:
+            return  # stale: re-armed since
+        self._advance(d)
+        if d.remaining > _EPS:
+            self._arm(d)
+            return
+        job = d.job
+        job.end = self.env.now
+        d.job = None
+        d.busy_time += self.env.now - d.busy_since
+        self._start_next(d)
+        self._retune(self.dirs[_other(d.name)])
+        if job.on_done is not None:
+            job.on_done(job)
+        if self.on_change is not None:
+            self.on_change()
+
+    def _start_next(self, d: _Direction) -> None:
+        if not d.queue:
+            return
+        job = d.queue.popleft()
+        job.start = self.env.now
+        d.job = job
+        d.remaining = job.work_s
+        d.t = self.env.now
+        d.busy_since = self.env.now
+        self._arm(d)
+        self._retune(self.dirs[_other(d.name)])
+
+    def _retune(self, d: _Direction) -> None:
+        """Re-arm ``d`` if the other direction's busy state changed its service rate."""
+        if d.job is None:
+            return
+        want = self.eta[d.name] if self.dirs[_other(d.name)].job is not None else 1.0
+        if want != d.rate:
+            self._advance(d)
+            self._arm(d)
+
+
+def _other(direction: str) -> str:
+    return "h2d" if direction == "d2h" else "d2h"

@@ -1,0 +1,435 @@
+"""The SGLang-like scheduler loop (POLICY_CORE.md §5-§6), as one SimPy process.
+
+Each iteration: process write/load acks; try to form a prefill batch (the chunked request first,
+then waiting requests in FCFS order, matched, loaded back and admitted under PrefillAdder's
+budgets); otherwise run decode. Time passes only in batch ends, decode segments, blocking
+write_back waits and idle waits for arrivals or copy completions.
+
+Simplifications (documented, deliberate):
+* no overlap scheduler (results are processed right after each forward);
+* no mixed prefill+decode batches (SGLang's default);
+* decode advances in *segments*: between two page boundaries, finishes or arrivals nothing can
+  change a decision, so k steps cost one event (step time is linear in the batch's KV tokens);
+* a retracted request re-enters the waiting queue and later re-prefills its prompt plus the
+  tokens it had decoded (its outputs are unique tokens, so only the prompt can hit).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Generator, Hashable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import simpy
+
+from sim.policy import HiRadixCache, PageKey
+from sim.policy.requests import ReqKV, cache_finished_req, cache_unfinished_req
+
+
+class CostModel(Protocol):
+    """Timing the scheduler needs (``sim.engine`` builds it from the latency model)."""
+
+    num_layers: int
+
+    def prefill_time(self, reqs: list[tuple[int, int]]) -> float:
+        """Seconds for one prefill batch of (new tokens, cached tokens) per request."""
+        ...
+
+    def decode_coeffs(self, batch_size: int) -> tuple[float, float]:
+        """(a, b): one decode step of this batch takes ``a + b * kv_tokens``."""
+        ...
+
+
+@dataclass(frozen=True)
+class SchedulerParams:
+    page_size: int
+    chunked_prefill_size: int = 8192
+    max_prefill_tokens: int = 16384
+    max_running_requests: int = 0
+    init_new_token_ratio: float = 0.7
+    min_new_token_ratio_factor: float = 0.14
+    new_token_ratio_decay_steps: int = 600
+    schedule_conservativeness: float = 1.0
+    clip_max_new_tokens: int = 4096
+    retract_decode_steps: int = 20
+    outputs: str = "cache"
+    policy: str = "fcfs"
+    lpm_max_queue: int = 128  # SGLang falls back to FCFS above this many waiting requests
+
+
+@dataclass(eq=False)
+class SimReq:
+    """A request as the scheduler sees it."""
+
+    rid: int
+    arrival: float
+    input_length: int
+    output_length: int
+    symbols: PageKey
+    session: Any = None
+    turn: int | None = None
+    think_time_s: float = 0.0
+    # progress
+    kv: ReqKV | None = None
+    fill_len: int = 0  # tokens to prefill this admission (prompt, + decoded after retraction)
+    filled: int = 0  # tokens prefilled so far in this admission
+    decoded: int = 0  # output tokens generated (the prefill produces the first)
+    kv_tokens: int = 0  # tokens whose KV is written (prefilled + decoded-and-written)
+    out_symbols: list[Hashable] = field(default_factory=list)
+    # metrics
+    admitted: float = -1.0
+    first_token: float = -1.0
+    finish: float = -1.0
+    device_hit: int = -1
+    host_hit: int = 0
+    host_hit_recomputed: int = 0
+    computed: int = 0
+    prefill_s: float = 0.0
+    load_stall_s: float = 0.0
+    retractions: int = 0
+
+
+class Scheduler:
+    def __init__(
+        self,
+        env: simpy.Environment,
+        cache: HiRadixCache,
+        cost: CostModel,
+        params: SchedulerParams,
+        ctrl: Any,
+        on_finish: Callable[[SimReq], None],
+        sample: Callable[[], None],
+    ) -> None:
+        self.env = env
+        self.cache = cache
+        self.cost = cost
+        self.p = params
+        self.ctrl = ctrl
+        self.on_finish = on_finish
+        self.sample = sample
+        self.waiting: deque[SimReq] = deque()
+        self.running: list[SimReq] = []
+        self.chunked: SimReq | None = None
+        init = min(1.0, params.init_new_token_ratio * params.schedule_conservativeness)
+        self.init_ratio = init
+        self.min_ratio = init * params.min_new_token_ratio_factor
+        self.ratio_decay = (init - self.min_ratio) / max(1, params.new_token_ratio_decay_steps)
+        self.new_token_ratio = init
+        self._wake: simpy.Event = env.event()
+        self._uniq = 0
+        self.next_arrival: Callable[[], float] = lambda: float("inf")
+        self.iterations = 0
+        self.spans: list[tuple[str, float, float, int]] = []  # compute: (kind, start, end, bs)
+
+    # ---------------------------------------------------------------------------- inbox --
+    def arrive(self, req: SimReq) -> None:
+        req.fill_len = req.input_length
+        self.waiting.append(req)
+        self.wake()
+
+    def wake(self) -> None:
+        if not self._wake.triggered:
+            self._wake.succeed()
+
+    def idle(self) -> bool:
+        return not self.waiting and not self.running and self.chunked is None
+
+    # ----------------------------------------------------------------------------- loop --
+    def run(self) -> Generator[simpy.Event, Any, None]:
+        env = self.env
+        while True:
+            self.iterations += 1
+            self.cache.check_hicache_events()
+            batch = self._get_new_batch_prefill()
+            if batch is not None:
+                yield from self._run_prefill(batch)
+            elif self.running:
+                yield from self._run_decode()
+            else:
+                self.sample()
+                self._wake = env.event()
+                yield self._wake
+            self.sample()
+
+    # ---------------------------------------------------------------------- admission --
+    def _reserved(self) -> float:
+        clip = self.p.clip_max_new_tokens
+        return sum(
+            min(r.output_length - r.decoded, clip) * self.new_token_ratio for r in self.running
+        )
+
+    def _get_new_batch_prefill(self) -> list[tuple[SimReq, int, int]] | None:
+        """Returns [(req, extend tokens this batch, cached tokens before)] or None."""
+        if not self.waiting and self.chunked is None:
+            return None
+        p = self.p
+        ps = p.page_size
+        if p.max_running_requests and len(self.running) >= p.max_running_requests:
+            return None
+        cache = self.cache
+        if p.policy == "lpm" and 1 < len(self.waiting) <= p.lpm_max_queue:
+            self._sort_lpm()
+        dev_pool = cache.controller.device
+        reserved = self._reserved()
+        offset = 0.0  # what this batch's admissions reserved so far
+
+        def rem_total() -> float:
+            # recomputed each time, as PrefillAdder's property: locks and loads change it
+            return dev_pool.available_size() + cache.evictable_size() - reserved - offset
+
+        rem_input = p.max_prefill_tokens
+        chunking = p.chunked_prefill_size > 0
+        rem_chunk = p.chunked_prefill_size if chunking else 1 << 62
+        batch: list[tuple[SimReq, int, int]] = []
+        clip = p.clip_max_new_tokens
+
+        if self.chunked is not None:
+            req = self.chunked
+            left = req.fill_len - req.filled
+            size = min(rem_chunk, left)
+            if size < left:
+                size = size // ps * ps
+            if size > 0:
+                batch.append((req, size, req.filled))
+                offset += size
+                rem_input -= size
+                rem_chunk -= size
+                if size == left:
+                    self.chunked = None
+
+        while self.waiting and rem_total() > 0 and rem_input > 0 and rem_chunk > 0:
+            if p.max_running_requests and len(self.running) + len(batch) >= p.max_running_requests:
+                break
+            req = self.waiting[0]
+            key = self._fill_key(req)
+            limit_pages = max(0, (req.fill_len - 1) // ps)
+            m = cache.match_prefix(key, limit=limit_pages * ps)
+            dev = m.device_hit_length
+            extend = req.fill_len - dev
+            total = extend + min(req.output_length - req.decoded, clip) + ps
+            if total >= rem_total():
+                break  # NO_TOKEN
+            if not chunking and batch and extend - m.host_hit_length >= rem_input:
+                break  # OTHER
+            last = m.last_device_node
+            cache.inc_lock_ref(last)  # temporary lock, as PrefillAdder does
+            if total >= rem_total():  # locking shrank the evictable pool
+                cache.dec_lock_ref(last)
+                break
+            prefix = list(m.device_indices)
+            loaded = 0
+            if m.host_hit_length > 0:
+                pages, new_last = cache.init_load_back(m.best_match_node, m.host_hit_length)
+                if pages:
+                    prefix += pages
+                    loaded = len(pages) * ps
+                last = new_last
+            cache.inc_lock_ref(last)  # the request's own lock
+            cache.dec_lock_ref(m.last_device_node)
+            self.waiting.popleft()
+            cached = len(prefix) * ps
+            if req.device_hit < 0:  # first admission: what the user sees as cached
+                req.device_hit = dev
+                req.host_hit = loaded
+                req.host_hit_recomputed = m.host_hit_length - loaded
+                req.admitted = self.env.now
+            req.kv = ReqKV(key=key, kv=prefix, last_node=last, protected_pages=len(prefix))
+            req.filled = cached
+            extend = req.fill_len - cached
+            if extend <= rem_chunk:
+                batch.append((req, extend, cached))
+                offset += extend + min(req.output_length - req.decoded, clip) + ps
+                rem_input -= extend
+                rem_chunk -= extend
+            else:
+                size = rem_chunk // ps * ps
+                if size <= 0:
+                    # nothing fits this round: keep the match (and load) and retry next round
+                    self.chunked = req
+                    break
+                batch.append((req, size, cached))
+                self.chunked = req
+                offset += size
+                rem_input -= size
+                rem_chunk -= size
+                break
+        return batch or None
+
+    def _sort_lpm(self) -> None:
+        """Longest prefix match first (stable). Matching every waiting request touches and may
+        split nodes, as SGLang's calc_priority does. (SGLang's in-batch prefix dedup is not
+        modelled.)"""
+        ps = self.p.page_size
+        scored = []
+        for r in self.waiting:
+            m = self.cache.match_prefix(
+                self._fill_key(r), limit=max(0, (r.fill_len - 1) // ps) * ps
+            )
+            scored.append((-(m.device_hit_length + m.host_hit_length), r))
+        scored.sort(key=lambda x: x[0])
+        self.waiting = deque(r for _, r in scored)
+
+    def _fill_key(self, req: SimReq) -> PageKey:
+        """Paged key of everything to prefill: the prompt, plus decoded tokens after a
+        retraction (unique symbols, never matched)."""
+        ps = self.p.page_size
+        full = req.fill_len // ps
+        n_prompt = len(req.symbols)
+        if full <= n_prompt:
+            return req.symbols if full == n_prompt else PageKey(req.symbols[:full])
+        while len(req.out_symbols) < full - n_prompt:
+            self._uniq -= 1
+            req.out_symbols.append(self._uniq)
+        return PageKey((*req.symbols, *req.out_symbols[: full - n_prompt]))
+
+    # -------------------------------------------------------------------------- prefill --
+    def _alloc(self, pages: int, evict_tokens: int) -> list[int] | None:
+        dev = self.cache.controller.device
+        if dev.available_size() < evict_tokens:
+            self.cache.evict(evict_tokens)
+        return dev.alloc_pages(pages)
+
+    def _run_prefill(
+        self, batch: list[tuple[SimReq, int, int]]
+    ) -> Generator[simpy.Event, Any, None]:
+        env, cache, ps = self.env, self.cache, self.p.page_size
+        load_job = self.ctrl.launch_loads()  # ready_to_load_host_cache
+        need_tokens = sum(ext for _, ext, _ in batch) + (len(batch) * ps if ps > 1 else 0)
+        for req, ext, _ in batch:
+            assert req.kv is not None
+            need = -(-(req.filled + ext) // ps) - len(req.kv.kv)
+            if need > 0:
+                pages = self._alloc(need, need_tokens)
+                if pages is None:
+                    raise RuntimeError(
+                        "device pool exhausted during prefill allocation: the admission budget "
+                        "should have prevented this (please report with the config)"
+                    )
+                req.kv.kv += pages
+        start = max(env.now, self.ctrl.take_stall())
+        compute = self.cost.prefill_time([(ext, cached) for _, ext, cached in batch])
+        end = start + compute
+        if load_job is not None:
+            if load_job.end < 0:
+                done = env.event()
+                load_job.meta["waiters"].append(done)
+                yield done
+            end = max(end, _pipeline_end(start, compute, self.cost.num_layers, load_job))
+        if end > env.now:
+            yield env.timeout(end - env.now)
+        self.spans.append(("prefill", start, end, len(batch)))
+        stall = end - (start + compute)
+        for req, ext, _ in batch:
+            req.prefill_s += compute
+            req.load_stall_s += stall
+            req.computed += ext
+            req.filled += ext
+            assert req.kv is not None
+            full = req.filled // ps
+            if req.filled < req.fill_len:  # an intermediate chunk
+                req.kv.key = PageKey(self._fill_key(req)[:full])
+                cache_unfinished_req(cache, req.kv, chunked=True)
+                continue
+            req.kv_tokens = req.filled
+            if req.first_token < 0:
+                req.first_token = env.now
+                req.decoded = 1
+            else:  # re-prefilled after a retraction: it produces the next token
+                req.decoded += 1
+            if req.decoded >= req.output_length:
+                self._finish(req)
+                continue
+            req.kv.key = self._fill_key(req)
+            cache_unfinished_req(cache, req.kv)
+            self.running.append(req)
+
+    # --------------------------------------------------------------------------- decode --
+    def _run_decode(self) -> Generator[simpy.Event, Any, None]:
+        env, cache, ps = self.env, self.cache, self.p.page_size
+        cache.writing_check()  # flush_write_through_acks
+        run = self.running
+        dev = cache.controller.device
+        # check_decode_mem: a step writes one KV token per request; requests whose written KV
+        # fills whole pages need a new page now
+        at_boundary = [r for r in run if r.kv_tokens % ps == 0]
+        need = ps * len(at_boundary)
+        if need and dev.available_size() < need:
+            cache.evict(need)
+            while dev.available_size() < need and len(run) > 1:
+                self._retract_one()
+                at_boundary = [r for r in run if r.kv_tokens % ps == 0]
+                need = ps * len(at_boundary)
+                if dev.available_size() < need:
+                    cache.evict(self.p.retract_decode_steps * len(run))
+            if dev.available_size() < need:
+                raise RuntimeError(
+                    "device pool cannot hold even one decoding request (device_tokens too small "
+                    "for this trace's longest request)"
+                )
+        for r in at_boundary:
+            page = dev.alloc_pages(1)
+            assert page is not None and r.kv is not None
+            r.kv.kv += page
+        # steps until something can change a decision: a page boundary or a finish (and, with
+        # an empty queue, the next arrival; with waiting requests, every step re-checks)
+        k = min(min(r.output_length - r.decoded, ps - r.kv_tokens % ps) for r in run)
+        bs = len(run)
+        a, b = self.cost.decode_coeffs(bs)
+        step0 = a + b * sum(r.kv_tokens for r in run)
+        start = max(env.now, self.ctrl.take_stall())
+        if self.waiting or self.chunked is not None:
+            k = 1
+        else:
+            budget = self.next_arrival() - start
+            kk, t = 1, step0
+            while kk < k and t + step0 + b * bs * kk <= budget:
+                t += step0 + b * bs * kk
+                kk += 1
+            k = kk
+        dur = k * step0 + b * bs * k * (k - 1) / 2  # steps of a + b*(kv0 + j*bs), j < k
+        self.new_token_ratio = max(self.min_ratio, self.new_token_ratio - self.ratio_decay * k)
+        yield env.timeout(start + dur - env.now)
+        self.spans.append(("decode", start, start + dur, bs))
+        for r in list(run):
+            r.decoded += k
+            r.kv_tokens += k
+            if r.decoded >= r.output_length:
+                run.remove(r)
+                self._finish(r)
+
+    def _retract_one(self) -> None:
+        run = self.running
+        victim = min(run, key=lambda r: (r.decoded, -r.input_length))
+        run.remove(victim)
+        assert victim.kv is not None
+        cache_finished_req(self.cache, victim.kv, insert=False)
+        victim.kv = None
+        victim.retractions += 1
+        victim.fill_len = victim.input_length + victim.decoded
+        victim.filled = 0
+        self.waiting.append(victim)
+        self.new_token_ratio = self.init_ratio
+
+    def _finish(self, req: SimReq) -> None:
+        cache, ps = self.cache, self.p.page_size
+        assert req.kv is not None
+        req.finish = self.env.now
+        # the KV of prompt + outputs but the last token (SGLang's kv_committed_len)
+        if self.p.outputs == "cache":
+            req.fill_len = req.kv_tokens
+            req.kv.key = self._fill_key(req)
+            n = req.kv_tokens // ps
+        else:
+            req.kv.key = req.symbols
+            n = len(req.symbols)
+        cache_finished_req(cache, req.kv, insert_pages=n)
+        req.kv = None
+        self.on_finish(req)
+
+
+def _pipeline_end(start: float, compute: float, layers: int, job: Any) -> float:
+    """End of a prefill whose layer i computes after its load and after layer i-1."""
+    from sim.latency import layer_pipeline_end
+
+    return float(layer_pipeline_end(start, compute, layers, job.start, job.end))

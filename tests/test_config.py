@@ -1,0 +1,345 @@
+"""Configuration: defaults, TOML, overrides, validation, pool resolution (`sim.config`)."""
+
+from __future__ import annotations
+
+import json
+import math
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sim.config import (
+    OUTPUT_MODES,
+    SECTIONS,
+    CacheConfig,
+    ConfigError,
+    SimConfig,
+    config_from_dict,
+    config_to_dict,
+    load_config,
+    resolve_pools,
+    with_overrides,
+)
+from sim.policy import STRATEGIES, WRITE_POLICIES
+
+
+def _toml(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "run.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_defaults_load_without_a_file() -> None:
+    cfg = load_config()
+    assert cfg == SimConfig()
+    assert (cfg.model.name, cfg.model.tp) == ("llama-3-8b", 1)
+    assert (cfg.gpu.name, cfg.gpu.mem_fraction, cfg.gpu.device_tokens) == ("h100-sxm", 0.9, 0)
+    # "" resolves to the GPU's link
+    assert (cfg.link.name, cfg.link.io_backend, cfg.link.mem_layout) == (
+        "pcie5-x16",
+        "kernel",
+        "page_first",
+    )
+    c = cfg.cache
+    assert (c.page_size, c.write_policy, c.eviction, c.hicache_ratio) == (
+        64,
+        "write_through",
+        "lru",
+        2.0,
+    )
+    assert (c.hicache_size_gb, c.enable_host, c.load_back_threshold) == (0.0, True, 10)
+    s = cfg.scheduler
+    assert (s.policy, s.chunked_prefill_size, s.max_prefill_tokens) == ("fcfs", 8192, 16384)
+    assert (s.init_new_token_ratio, s.min_new_token_ratio_factor) == (0.7, 0.14)
+    assert (s.new_token_ratio_decay_steps, s.clip_max_new_tokens, s.retract_decode_steps) == (
+        600,
+        4096,
+        20,
+    )
+    assert (cfg.workload.closed_loop, cfg.workload.outputs) == ("auto", "cache")
+    assert (cfg.run.seed, cfg.run.profile, cfg.run.chrome_trace) == (0, "", False)
+
+
+def test_gpu_link_defaults_follow_the_gpu() -> None:
+    assert load_config(None, ["gpu.name=gh200"]).link.name == "nvlink-c2c"
+    assert load_config(None, ["gpu.name=a100-80gb"]).link.name == "pcie4-x16"
+
+
+def test_choice_lists_match_the_policy_core_and_hitrate() -> None:
+    from sim import hitrate
+
+    assert OUTPUT_MODES == hitrate.OUTPUT_MODES
+    for wp in WRITE_POLICIES:
+        assert load_config(None, [f"cache.write_policy={wp}"]).cache.write_policy == wp
+    for ev in STRATEGIES:
+        assert load_config(None, [f"cache.eviction={ev}"]).cache.eviction == ev
+
+
+def test_toml_file_and_round_trip(tmp_path: Path) -> None:
+    path = _toml(
+        tmp_path,
+        """
+[model]
+name = "qwen3-8b"
+[gpu]
+name = "h200"
+device_tokens = 1e6  # an integral float is accepted for an int key
+[cache]
+page_size = 32
+write_policy = "write_back"
+hicache_ratio = 3  # an int is accepted for a float key
+enable_host = true
+[scheduler]
+chunked_prefill_size = -1
+[run]
+seed = 7
+chrome_trace = true
+""",
+    )
+    cfg = load_config(path)
+    assert cfg.model.name == "qwen3-8b"
+    assert cfg.gpu.device_tokens == 1_000_000 and isinstance(cfg.gpu.device_tokens, int)
+    assert cfg.cache.hicache_ratio == 3.0 and isinstance(cfg.cache.hicache_ratio, float)
+    assert (cfg.cache.page_size, cfg.cache.write_policy) == (32, "write_back")
+    assert (cfg.scheduler.chunked_prefill_size, cfg.run.seed, cfg.run.chrome_trace) == (-1, 7, True)
+    data = json.loads(json.dumps(config_to_dict(cfg)))
+    assert config_from_dict(data) == cfg
+    assert set(data) == set(SECTIONS)
+
+
+def test_overrides_parse_by_type_and_win_over_the_file(tmp_path: Path) -> None:
+    path = _toml(tmp_path, "[cache]\npage_size = 32\n")
+    cfg = load_config(
+        path,
+        [
+            "cache.page_size=16",  # int
+            "gpu.device_tokens=1e6",  # integral float text for an int
+            "cache.hicache_ratio=2.5",  # float
+            "gpu.mem_fraction=1",  # int text for a float
+            "cache.enable_host=false",  # bool
+            "run.chrome_trace=1",  # bool as 1
+            "workload.closed_loop=off",  # str
+            "run.profile='my profile.json'",  # quoted str
+            "scheduler.chunked_prefill_size=-1",  # negative int
+            " workload.rate_scale = 2 ",  # spaces
+        ],
+    )
+    assert cfg.cache.page_size == 16
+    assert cfg.gpu.device_tokens == 1_000_000
+    assert cfg.cache.hicache_ratio == 2.5
+    assert cfg.gpu.mem_fraction == 1.0
+    assert cfg.cache.enable_host is False
+    assert cfg.run.chrome_trace is True
+    assert cfg.workload.closed_loop == "off"
+    assert cfg.run.profile == "my profile.json"
+    assert cfg.scheduler.chunked_prefill_size == -1
+    assert cfg.workload.rate_scale == 2.0
+    for text, expected in [("TRUE", True), ("0", False), ("False", False)]:
+        assert load_config(None, [f"run.chrome_trace={text}"]).run.chrome_trace is expected
+
+
+def test_with_overrides() -> None:
+    base = load_config(None, ["cache.page_size=32"])
+    cfg = with_overrides(base, ["cache.write_policy=write_back"])
+    assert (cfg.cache.page_size, cfg.cache.write_policy) == (32, "write_back")
+    with pytest.raises(ConfigError, match=r"--set cache.page_size=0: cache.page_size"):
+        with_overrides(base, ["cache.page_size=0"])
+
+
+@pytest.mark.parametrize(
+    ("item", "message"),
+    [
+        ("cache.pagesize=64", "--set cache.pagesize=64: cache.pagesize: unknown key; cache has:"),
+        ("cahce.page_size=64", "cahce.page_size: unknown section 'cahce'; choices: model"),
+        ("cache.page_size", "cache.page_size: expected section.key=value"),
+        ("page_size=64", "page_size: expected section.key"),
+        ("cache.page_size=abc", "cache.page_size: expected an integer, got 'abc'"),
+        ("cache.page_size=1.5", "cache.page_size: expected an integer, got '1.5'"),
+        ("cache.hicache_ratio=lots", "cache.hicache_ratio: expected a number"),
+        ("cache.hicache_ratio=inf", "cache.hicache_ratio: expected a finite number"),
+        ("cache.enable_host=yes", "cache.enable_host: expected true/false/1/0"),
+    ],
+)
+def test_bad_overrides_name_the_key(item: str, message: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [item])
+    assert message in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[cache]\npagesize = 64\n", "run.toml: cache.pagesize: unknown key"),
+        ("[caches]\npage_size = 64\n", "run.toml: caches: unknown section; choices:"),
+        ("seed = 1\n", "run.toml: seed: unknown section"),
+        ("[cache]\npage_size = '64'\n", "run.toml: cache.page_size: expected an integer"),
+        ("[cache]\npage_size = true\n", "run.toml: cache.page_size: expected an integer"),
+        ("[cache]\nenable_host = 1\n", "run.toml: cache.enable_host: expected true or false"),
+        ("[model]\nname = 8\n", "run.toml: model.name: expected a string"),
+        ("[cache]\npage_size = 0\n", "run.toml: cache.page_size: must be >= 1, got 0"),
+        ("[cache\n", "run.toml: invalid TOML"),
+    ],
+)
+def test_bad_toml_names_the_file_and_key(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        load_config(_toml(tmp_path, text))
+    assert message in str(e.value)
+
+
+def test_missing_file() -> None:
+    with pytest.raises(ConfigError, match=r"nope.toml: cannot read config"):
+        load_config("nope.toml")
+
+
+@pytest.mark.parametrize(
+    ("item", "field", "fragment"),
+    [
+        ("model.name=gpt-5", "model.name", "unknown model 'gpt-5'; choices: deepseek-v3"),
+        ("model.tp=0", "model.tp", ">= 1"),
+        ("model.tp=3", "model.tp", "does not split"),
+        ("gpu.name=tpu", "gpu.name", "choices: a100-80gb, gh200, h100-sxm, h200"),
+        ("gpu.mem_fraction=0", "gpu.mem_fraction", "in (0, 1]"),
+        ("gpu.mem_fraction=1.1", "gpu.mem_fraction", "in (0, 1]"),
+        ("gpu.reserve_gb=-1", "gpu.reserve_gb", ">= 0"),
+        ("gpu.device_tokens=-64", "gpu.device_tokens", ">= 0"),
+        ("gpu.device_tokens=1000", "gpu.device_tokens", "multiple of cache.page_size (64)"),
+        ("link.name=pcie9", "link.name", "choices: nvlink-c2c, pcie4-x16, pcie5-x16"),
+        ("link.name=pcie4-x16", "link.name", "no shipped latency profile"),
+        ("link.io_backend=dma", "link.io_backend", "one of: kernel, direct"),
+        ("link.mem_layout=page_first_kv_split", "link.mem_layout", "one of: layer_first"),
+        ("link.mem_layout=page_first_direct", "link.mem_layout", "needs io_backend=direct"),
+        ("cache.page_size=0", "cache.page_size", ">= 1"),
+        ("cache.write_policy=write_around", "cache.write_policy", "write_through_selective"),
+        ("cache.eviction=random", "cache.eviction", "lru"),
+        ("cache.hicache_ratio=1", "cache.hicache_ratio", "must be > 1"),
+        ("cache.hicache_ratio=0", "cache.hicache_ratio", "must be > 0"),
+        ("cache.hicache_size_gb=-1", "cache.hicache_size_gb", ">= 0"),
+        ("cache.hicache_size_gb=1", "cache.hicache_size_gb", "must be larger than the device"),
+        ("cache.load_back_threshold=-1", "cache.load_back_threshold", ">= 0"),
+        ("scheduler.policy=lof", "scheduler.policy", "one of: fcfs, lpm"),
+        ("scheduler.chunked_prefill_size=0", "scheduler.chunked_prefill_size", "-1 (off)"),
+        ("scheduler.chunked_prefill_size=32", "scheduler.chunked_prefill_size", ">= 64"),
+        ("scheduler.chunked_prefill_size=100", "scheduler.chunked_prefill_size", "multiple"),
+        ("scheduler.max_prefill_tokens=0", "scheduler.max_prefill_tokens", ">= 1"),
+        ("scheduler.max_running_requests=-1", "scheduler.max_running_requests", ">= 0"),
+        ("scheduler.init_new_token_ratio=1.5", "scheduler.init_new_token_ratio", "(0, 1]"),
+        ("scheduler.min_new_token_ratio_factor=0", "scheduler.min_new_token_ratio_factor", "(0"),
+        ("scheduler.new_token_ratio_decay_steps=0", "scheduler.new_token_ratio_decay_steps", "1"),
+        ("scheduler.schedule_conservativeness=0", "scheduler.schedule_conservativeness", "> 0"),
+        ("scheduler.clip_max_new_tokens=0", "scheduler.clip_max_new_tokens", ">= 1"),
+        ("scheduler.retract_decode_steps=-1", "scheduler.retract_decode_steps", ">= 0"),
+        ("workload.rate_scale=0", "workload.rate_scale", "> 0"),
+        ("workload.max_requests=-1", "workload.max_requests", ">= 0"),
+        ("workload.closed_loop=maybe", "workload.closed_loop", "auto, on, off"),
+        ("workload.outputs=all", "workload.outputs", "cache, skip"),
+        ("run.seed=-1", "run.seed", ">= 0"),
+        ("run.timeline_max_rows=-1", "run.timeline_max_rows", ">= 0"),
+    ],
+)
+def test_range_errors_name_the_field_and_the_allowed_values(
+    item: str, field: str, fragment: str
+) -> None:
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [item])
+    assert e.value.field == field
+    assert str(e.value).startswith(f"--set {item}: {field}: ")
+    assert fragment in str(e.value)
+    assert isinstance(e.value, ValueError)
+
+
+def test_direct_io_turns_page_first_into_page_first_direct() -> None:
+    # SGLang's _handle_hicache does the same
+    cfg = load_config(None, ["link.io_backend=direct"])
+    assert (cfg.link.io_backend, cfg.link.mem_layout) == ("direct", "page_first_direct")
+    assert config_from_dict(config_to_dict(cfg)) == cfg
+    layer = load_config(None, ["link.io_backend=direct", "link.mem_layout=layer_first"])
+    assert layer.link.mem_layout == "layer_first"
+
+
+def test_a_calibrated_profile_allows_any_link() -> None:
+    cfg = load_config(None, ["link.name=pcie4-x16", "run.profile=calib.json"])
+    assert cfg.link.name == "pcie4-x16"
+
+
+def test_sections_validate_on_construction_too() -> None:
+    with pytest.raises(ConfigError, match=r"cache.page_size"):
+        CacheConfig(page_size=0)
+    with pytest.raises(ConfigError, match=r"gpu.device_tokens"):
+        SimConfig(gpu=load_config().gpu.__class__(device_tokens=100))
+
+
+# --- pools -------------------------------------------------------------------------------------
+
+
+def test_resolve_pools_explicit_device_tokens() -> None:
+    cfg = load_config(None, ["gpu.device_tokens=100032"])  # 1563 pages of 64
+    device, host, bpt = resolve_pools(cfg)
+    assert (device, bpt) == (100_032, 131_072)
+    # SGLang: floor(100032 * 2 / 64) + 1 pages
+    assert host == (200_064 // 64 + 1) * 64 == 200_128
+
+
+def test_resolve_pools_sglang_examples() -> None:
+    # POLICY_CORE.md §4.2: 100,000-token pool, ratio 2, page 1 -> 200,001 host tokens
+    cfg = load_config(None, ["cache.page_size=1", "gpu.device_tokens=100000"])
+    assert resolve_pools(cfg)[:2] == (100_000, 200_001)
+    # --hicache-size 100 for Llama-3-8B -> 762,939 + 1 tokens
+    cfg = load_config(None, ["cache.page_size=1", "cache.hicache_size_gb=100"])
+    assert resolve_pools(cfg)[1] == 762_940
+
+
+def test_resolve_pools_derived_from_hbm() -> None:
+    device, host, bpt = resolve_pools(load_config())
+    raw = math.floor((80e9 * 0.9 - 16.06e9 - 1e9) / 131_072)
+    assert device == raw // 64 * 64 == 419_136
+    assert host == (2 * device // 64 + 1) * 64
+    assert bpt == 131_072
+    # TP8 70B: 40 KiB/token per rank
+    device70, _, bpt70 = resolve_pools(load_config(None, ["model.name=llama-3-70b", "model.tp=8"]))
+    assert bpt70 == 40 * 1024
+    assert device70 == math.floor((72e9 - 70.6e9 * 2 / 8 - 1e9) / bpt70) // 64 * 64
+
+
+def test_resolve_pools_without_host_tier() -> None:
+    cfg = load_config(None, ["cache.enable_host=false", "cache.hicache_ratio=0.5"])
+    assert resolve_pools(cfg)[1] == 0
+
+
+def test_pool_that_cannot_be_sized_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match=r"gpu.device_tokens: derived from HBM: .*no KV cache"):
+        load_config(None, ["model.name=llama-3-70b"])
+    # setting the pool explicitly is the way out
+    cfg = load_config(None, ["model.name=llama-3-70b", "gpu.device_tokens=6400"])
+    assert resolve_pools(cfg)[0] == 6400
+
+
+def test_config_and_errors_pickle() -> None:
+    # sweeps ship configs to worker processes and errors back
+    cfg = load_config(None, ["cache.page_size=32"])
+    assert pickle.loads(pickle.dumps(cfg)) == cfg
+    err = ConfigError("cache.page_size", "must be >= 1", "--set cache.page_size=0")
+    back = pickle.loads(pickle.dumps(err))
+    assert (back.field, back.problem, back.source, str(back)) == (
+        err.field,
+        err.problem,
+        err.source,
+        str(err),
+    )
+
+
+def test_config_from_dict_rejects_unknown_keys() -> None:
+    with pytest.raises(ConfigError, match=r"config.json: cache.colour: unknown key"):
+        config_from_dict({"cache": {"colour": "red"}}, source="config.json")
+
+
+def test_config_imports_no_heavy_modules() -> None:
+    code = (
+        "import sys, sim.config, sim.hardware, sim.latency\n"
+        "print(' '.join(sorted(m.split('.')[0] for m in sys.modules)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    loaded = set(out.stdout.split())
+    assert not loaded & {"simpy", "numpy", "pandas", "torch", "pyarrow", "matplotlib", "traces"}

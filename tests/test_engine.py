@@ -1,0 +1,193 @@
+"""The timed engine (SimPy): agreement with the cache-only replay, conservation, determinism,
+the layer pipeline, write_back stalls and retraction — with a hand-made cost model whose
+numbers are easy to compute by hand."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sim.engine import Costs, Engine, count_runs
+from sim.hitrate import HitRateConfig, ReplayRequest, replay
+from sim.policy import PageKey
+from sim.scheduler import SchedulerParams, SimReq
+from traces.io import read_trace
+from traces.keys import page_symbols
+
+DATA = Path(__file__).resolve().parent.parent / "traces" / "data"
+
+
+def costs(
+    prefill_per_token: float = 1e-4,
+    decode_step: float = 0.01,
+    write_s_per_page: float = 1e-3,
+    load_s_per_page: float = 1e-3,
+    layers: int = 4,
+) -> Costs:
+    return Costs(
+        num_layers=layers,
+        bytes_per_page=1000,
+        prefill_fn=lambda reqs: prefill_per_token * sum(n for n, _ in reqs),
+        decode_fn=lambda bs, kv: decode_step,
+        write_fn=lambda nbytes, runs: write_s_per_page * nbytes / 1000,
+        load_fn=lambda nbytes, runs: load_s_per_page * nbytes / 1000,
+    )
+
+
+def sim_reqs(trace: Any, page_size: int, spacing_s: float | None = None) -> list[SimReq]:
+    out = []
+    for i, r in enumerate(trace):
+        arrival = i * spacing_s if spacing_s is not None else r.timestamp / 1000
+        out.append(
+            SimReq(i, arrival, r.input_length, max(1, r.output_length),
+                   PageKey(page_symbols(r, page_size, trace.block_size)))
+        )  # fmt: skip
+    return out
+
+
+def engine(reqs: list[SimReq], **kw: Any) -> Engine:
+    ps = kw.pop("page_size", 16)
+    args: dict[str, Any] = dict(
+        device_tokens=16384, host_tokens=65536, page_size=ps, write_policy="write_through",
+        eviction="lru", costs=costs(), sched=SchedulerParams(page_size=ps), closed_loop=False,
+        progress=False,
+    )  # fmt: skip
+    args.update(kw)
+    return Engine(reqs, **args)
+
+
+def hit_rates(e: Engine) -> tuple[int, int, int]:
+    rows = e.recorder.requests
+    return (sum(r[11] for r in rows), sum(r[13] for r in rows), sum(r[14] for r in rows))
+
+
+@pytest.mark.parametrize("write_policy", ["write_through", "write_through_selective", "write_back"])
+def test_hit_rates_equal_cache_only_replay_when_requests_never_overlap(write_policy: str) -> None:
+    trace = read_trace(DATA / "synthetic" / "multiturn.jsonl")
+    ps, dev, host = 16, 4096, 16384
+    e = engine(sim_reqs(trace, ps, spacing_s=100.0), page_size=ps, device_tokens=dev,
+               host_tokens=host, write_policy=write_policy)  # fmt: skip
+    e.run()
+    prompt, dev_hit, host_hit = hit_rates(e)
+    reqs = [
+        ReplayRequest(PageKey(page_symbols(r, ps, 512)), r.input_length, r.output_length)
+        for r in trace
+    ]
+    ref = replay(reqs, HitRateConfig(dev, host, ps, "lru", write_policy))
+    assert prompt == ref.prompt_tokens
+    assert (dev_hit, host_hit) == (ref.device_hit_tokens, ref.host_hit_tokens)
+    assert host_hit > 0  # the comparison exercises load-back
+
+
+def test_no_host_tier_means_no_host_hits_and_no_copies() -> None:
+    trace = read_trace(DATA / "synthetic" / "multiturn.jsonl")
+    e = engine(sim_reqs(trace, 16), device_tokens=4096, host_tokens=0)
+    e.run()
+    _, _, host_hit = hit_rates(e)
+    assert host_hit == 0 and not e.recorder.transfers
+
+
+def test_conservation_at_every_sample() -> None:
+    """Arrived = finished + in flight, and every device page is free xor in the tree xor held
+    by a request, checked at every state change of a loaded run."""
+    trace = read_trace(DATA / "synthetic" / "agentic.jsonl")
+    e = engine(sim_reqs(trace, 16), device_tokens=8192, host_tokens=32768)
+    real_sample = e._sample
+    checks = {"n": 0}
+
+    def checked_sample() -> None:
+        s = e.sched
+        held: list[int] = []
+        for r in [*s.running, *s.waiting, *([s.chunked] if s.chunked else [])]:
+            if r.kv is not None:
+                held += r.kv.kv[r.kv.protected_pages :]
+        e.cache.check_invariants(device_pages_outside=held)
+        in_flight = len(s.waiting) + len(s.running)
+        assert e._arrived == e._finished_n + in_flight
+        checks["n"] += 1
+        real_sample()
+
+    e.sched.sample = checked_sample
+    e.run()
+    assert checks["n"] > 100 and e._finished_n == len(trace)
+
+
+def test_determinism() -> None:
+    trace = read_trace(DATA / "synthetic" / "shared-prefix.jsonl")
+    runs = []
+    for _ in range(2):
+        e = engine(sim_reqs(trace, 16), device_tokens=4096, host_tokens=16384)
+        e.run()
+        runs.append((e.recorder.requests, e.recorder.transfers, e.env.now))
+    assert runs[0] == runs[1]
+
+
+def test_single_request_timeline_closed_form() -> None:
+    # 100-token prompt, 5 outputs: prefill 100 * 1e-4 = 10 ms; 4 decode steps of 10 ms
+    req = SimReq(0, 1.0, 100, 5, PageKey(tuple(range(100))))
+    e = engine([req], page_size=1)
+    e.run()
+    (row,) = e.recorder.requests
+    assert row[3] == pytest.approx(1.0 + 0.01)  # first token
+    assert row[4] == pytest.approx(1.0 + 0.01 + 4 * 0.01)  # finish
+    assert row[5] == pytest.approx(0.01)  # ttft
+
+
+def test_layer_pipeline_by_hand() -> None:
+    """Request B reloads A's 64-token prompt from host: its prefill (36 new tokens) waits for
+    the layer-wise load. 4 layers; load 64 pages * 2 ms = 128 ms (32 ms per layer); compute
+    36 * 1e-4 = 3.6 ms (0.9 ms per layer): the last layer ends 0.9 ms after the load ends."""
+    a = list(range(64))
+    reqs = [
+        SimReq(0, 0.0, 64, 1, PageKey(tuple(a))),
+        SimReq(1, 0.5, 150, 1, PageKey(tuple(range(1000, 1150)))),  # pushes A to host
+        SimReq(2, 1.0, 100, 1, PageKey((*a, *range(2000, 2036)))),
+    ]
+    e = engine(reqs, page_size=1, device_tokens=200, host_tokens=800,
+               costs=costs(load_s_per_page=2e-3))  # fmt: skip
+    e.run()
+    rows = {r[0]: r for r in e.recorder.requests}
+    b = rows[2]
+    assert b[14] == 64  # host hit loaded
+    (load,) = [t for t in e.recorder.transfers if t[0] == "h2d"]
+    assert load[7] - load[6] == pytest.approx(64 * 2e-3)
+    # the load starts at the batch start; the pipeline ends one layer of compute after it
+    assert b[3] == pytest.approx(load[7] + 36 * 1e-4 / 4)
+    assert b[10] == pytest.approx(b[3] - 1.0 - 36 * 1e-4)  # load stall recorded
+
+
+def test_write_back_eviction_stalls_the_scheduler() -> None:
+    # device 128: A (100 tokens) then B (100 tokens) forces a write_back eviction of A, whose
+    # D->H copy (100 pages * 5 ms = 0.5 s) blocks B's prefill
+    stalls = {}
+    for wp in ("write_back", "write_through"):
+        reqs = [
+            SimReq(0, 0.0, 100, 1, PageKey(tuple(range(100)))),
+            SimReq(1, 1.0, 100, 1, PageKey(tuple(range(500, 600)))),
+        ]
+        e = engine(reqs, page_size=1, device_tokens=128, host_tokens=512, write_policy=wp,
+                   costs=costs(write_s_per_page=5e-3))  # fmt: skip
+        e.run()
+        rows = {r[0]: r for r in e.recorder.requests}
+        stalls[wp] = rows[1][5]
+    assert stalls["write_back"] == pytest.approx(0.5 + 100 * 1e-4)
+    assert stalls["write_through"] == pytest.approx(100 * 1e-4)  # written long before
+
+
+def test_retraction_when_decode_runs_out_of_memory() -> None:
+    # four requests admitted together; their outputs cannot all fit the device pool
+    reqs = [SimReq(i, 0.0, 40, 60, PageKey(tuple(range(100 * i, 100 * i + 40)))) for i in range(4)]
+    e = engine(reqs, page_size=1, device_tokens=260, host_tokens=1024,
+               sched=SchedulerParams(page_size=1, init_new_token_ratio=0.0))  # fmt: skip
+    e.run()
+    assert sum(r[17] for r in e.recorder.requests) > 0  # someone was retracted
+    assert len(e.recorder.requests) == 4  # and everyone still finished
+
+
+def test_count_runs() -> None:
+    assert count_runs([], []) == 0
+    assert count_runs([1, 2, 3], [7, 8, 9]) == 1
+    assert count_runs([1, 2, 5], [7, 8, 9]) == 2
+    assert count_runs([1, 2, 3], [7, 9, 10]) == 2
