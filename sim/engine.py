@@ -341,12 +341,10 @@ def build_costs(cfg: Any) -> Costs:
     layers = model.num_layers
 
     def write_fn(nbytes: int, runs: int) -> float:
-        # one call for all layers of the node; the direct backend pays gamma per run per layer
-        return d2h.alpha_s + runs * layers * d2h.gamma_s + nbytes / d2h.beta_Bps
+        return latency.write_op_time(d2h, nbytes, runs, layers)
 
     def load_fn(nbytes: int, runs: int) -> float:
-        # loads go layer by layer: one copy (alpha) per layer, gamma per run per layer
-        return layers * h2d.alpha_s + runs * layers * h2d.gamma_s + nbytes / h2d.beta_Bps
+        return latency.load_op_time(h2d, nbytes, runs, layers)
 
     return Costs(
         num_layers=layers,

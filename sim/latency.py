@@ -472,3 +472,21 @@ def layer_pipeline_end(
     c = compute_total / num_layers
     first_layer_loaded = load_start + (load_end - load_start) / num_layers
     return max(batch_start + compute_total, first_layer_loaded + compute_total, load_end + c)
+
+
+# ---------------------------------------------------------------------------------------------
+# HiCache copy ops (what the simulator charges and what replay predicts)
+# ---------------------------------------------------------------------------------------------
+
+
+def write_op_time(p: LinkParams, nbytes: int, runs: int, num_layers: int) -> float:
+    """One device->host backup of a node: a single op for all layers (one ``alpha``); the KV of
+    each contiguous run of pages is copied per layer, so ``gamma`` is paid ``runs * layers``
+    times (~0 for the kernel backend)."""
+    return p.alpha_s + runs * num_layers * p.gamma_s + nbytes / p.beta_Bps
+
+
+def load_op_time(p: LinkParams, nbytes: int, runs: int, num_layers: int) -> float:
+    """One merged host->device load of a batch: issued layer by layer (``alpha`` per layer),
+    ``gamma`` per run per layer, ``nbytes / beta`` for the data."""
+    return num_layers * p.alpha_s + runs * num_layers * p.gamma_s + nbytes / p.beta_Bps
