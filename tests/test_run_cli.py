@@ -1,0 +1,109 @@
+"""`hicache-sim run`: run directory, determinism, closed-form costs, bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from sim.cli import main
+from sim.config import load_config
+from sim.engine import build_costs
+from sim.latency import load_profile
+
+DATA = Path(__file__).resolve().parent.parent / "traces" / "data"
+TRACE = DATA / "synthetic" / "multiturn.jsonl"
+SMALL = ["--set", "gpu.device_tokens=65536"]
+
+
+def test_run_writes_the_run_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run"
+    rc = main(["run", str(TRACE), "--out", str(out), *SMALL, "--set", "run.chrome_trace=true"])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "hit rate" in text and "TTFT" in text
+    for name in ("config.json", "summary.json", "requests.parquet", "timeline.parquet",
+                 "transfers.parquet", "trace.json"):  # fmt: skip
+        assert (out / name).exists(), name
+    summary = json.loads((out / "summary.json").read_text())
+    for key in ("requests", "prompt_tokens", "hit_rate", "device_hit_rate", "host_hit_rate",
+                "ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_mean_s",
+                "e2e_mean_s", "throughput_output_tok_s", "bytes_d2h", "bytes_h2d",
+                "sim_duration_s", "wall_time_s"):  # fmt: skip
+        assert key in summary, key
+    req = pd.read_parquet(out / "requests.parquet")
+    assert len(req) == summary["requests"]
+    assert summary["hit_rate"] == pytest.approx(
+        (req["device_hit_tokens"].sum() + req["host_hit_tokens"].sum()) / req["prompt_tokens"].sum()
+    )
+    conf = json.loads((out / "config.json").read_text())
+    assert conf["config"]["gpu"]["device_tokens"] == 65536 and conf["trace_sha256"]
+    trace_events = json.loads((out / "trace.json").read_text())["traceEvents"]
+    assert {e.get("tid") for e in trace_events} >= {1, 2}
+
+
+def test_same_config_gives_identical_results(tmp_path: Path) -> None:
+    outs = [tmp_path / "a", tmp_path / "b"]
+    for out in outs:
+        assert main(["run", str(TRACE), "--out", str(out), *SMALL, "--seed", "3"]) == 0
+    a, b = (json.loads((o / "summary.json").read_text()) for o in outs)
+    a.pop("wall_time_s")
+    b.pop("wall_time_s")
+    assert a == b
+    for name in ("requests", "timeline", "transfers"):
+        pd.testing.assert_frame_equal(
+            pd.read_parquet(outs[0] / f"{name}.parquet"),
+            pd.read_parquet(outs[1] / f"{name}.parquet"),
+        )
+
+
+def test_copy_costs_are_the_profile_closed_form() -> None:
+    cfg = load_config(None, ["link.io_backend=direct"])
+    costs = build_costs(cfg)
+    prof = load_profile(None, cfg.gpu.name, cfg.link.name)
+    d2h, h2d = prof.link("direct", "d2h"), prof.link("direct", "h2d")
+    layers = costs.num_layers
+    nbytes = 64 * 131072 * 10
+    assert costs.write_fn(nbytes, 1) == pytest.approx(
+        d2h.alpha_s + layers * d2h.gamma_s + nbytes / d2h.beta_Bps
+    )
+    assert costs.load_fn(nbytes, 3) == pytest.approx(
+        layers * h2d.alpha_s + 3 * layers * h2d.gamma_s + nbytes / h2d.beta_Bps
+    )
+    assert costs.bytes_per_page == 64 * 131072
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--set", "cache.write_policy=later"], "cache.write_policy"),
+        (["--set", "cache.nonsense=1"], "cache.nonsense"),
+        (["--set", "gpu.device_tokens=100"], "gpu.device_tokens"),
+        (["--set", "cache.page_size=3"], "page"),
+    ],
+)
+def test_bad_config_one_line_exit_2(
+    tmp_path: Path, args: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc = main(["run", str(TRACE), "--out", str(tmp_path / "r"), *args])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and needle in err and len(err.splitlines()) == 1, err
+
+
+def test_bad_trace_and_existing_out_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("not json\n")
+    assert main(["run", str(bad), "--out", str(tmp_path / "r")]) == 2
+    assert "bad.jsonl:1:" in capsys.readouterr().err
+    out = tmp_path / "used"
+    out.mkdir()
+    (out / "summary.json").write_text("{}")
+    assert main(["run", str(TRACE), "--out", str(out), *SMALL]) == 2
+    assert "--force" in capsys.readouterr().err
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[cache]\nwrite_policy = 'write_back'\nbogus = 1\n")
+    assert main(["run", str(TRACE), "--out", str(tmp_path / "r2"), "--config", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "c.toml" in err and "cache.bogus" in err
