@@ -225,10 +225,17 @@ class Scheduler:
                     prefix += pages
                     loaded = len(pages) * ps
                 last = new_last
+            cached = len(prefix) * ps
+            extend = req.fill_len - cached
+            size = extend if extend <= rem_chunk else rem_chunk // ps * ps
+            if size <= 0:
+                # SGLang returns OTHER here: the request stays queued (a load it started stays
+                # in the tree, pinned until its ack)
+                cache.dec_lock_ref(m.last_device_node)
+                break
             cache.inc_lock_ref(last)  # the request's own lock
             cache.dec_lock_ref(m.last_device_node)
             self.waiting.popleft()
-            cached = len(prefix) * ps
             if req.device_hit < 0:  # first admission: what the user sees as cached
                 req.device_hit = dev
                 req.host_hit = loaded
@@ -236,23 +243,14 @@ class Scheduler:
                 req.admitted = self.env.now
             req.kv = ReqKV(key=key, kv=prefix, last_node=last, protected_pages=len(prefix))
             req.filled = cached
-            extend = req.fill_len - cached
-            if extend <= rem_chunk:
-                batch.append((req, extend, cached))
+            batch.append((req, size, cached))
+            rem_input -= size
+            rem_chunk -= size
+            if size == extend:
                 offset += extend + min(req.output_length - req.decoded, clip) + ps
-                rem_input -= extend
-                rem_chunk -= extend
-            else:
-                size = rem_chunk // ps * ps
-                if size <= 0:
-                    # nothing fits this round: keep the match (and load) and retry next round
-                    self.chunked = req
-                    break
-                batch.append((req, size, cached))
-                self.chunked = req
+            else:  # truncated: the rest comes in later chunks; only the chunk is reserved
                 offset += size
-                rem_input -= size
-                rem_chunk -= size
+                self.chunked = req
                 break
         return batch or None
 
