@@ -107,3 +107,25 @@ def test_bad_trace_and_existing_out_dir(tmp_path: Path, capsys: pytest.CaptureFi
     assert main(["run", str(TRACE), "--out", str(tmp_path / "r2"), "--config", str(cfg)]) == 2
     err = capsys.readouterr().err
     assert "c.toml" in err and "cache.bogus" in err
+
+
+def test_closed_loop_turns_follow_their_previous_turn(tmp_path: Path) -> None:
+    from sim.engine import run_simulation
+    from traces.io import read_trace
+
+    trace = read_trace(TRACE)
+    assert any(r.session_id is not None for r in trace)
+    cfg = load_config(None, ["gpu.device_tokens=65536", "workload.closed_loop=on"])
+    run_simulation(cfg, trace, tmp_path / "r", progress=False)
+    req = pd.read_parquet(tmp_path / "r" / "requests.parquet").set_index("rid")
+    by_session: dict[object, list[tuple[int, int]]] = {}
+    for i, r in enumerate(trace):
+        by_session.setdefault(r.session_id, []).append((r.turn or 0, i))
+    checked = 0
+    for turns in by_session.values():
+        turns.sort()
+        for (_, prev), (_, cur) in zip(turns, turns[1:], strict=False):
+            think = (trace[cur].think_time_ms or 0.0) / 1000
+            assert req.loc[cur, "arrival_s"] == pytest.approx(req.loc[prev, "finish_s"] + think)
+            checked += 1
+    assert checked > 10
