@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -124,7 +125,7 @@ def test_closed_loop_turns_follow_their_previous_turn(tmp_path: Path) -> None:
     checked = 0
     for turns in by_session.values():
         turns.sort()
-        for (_, prev), (_, cur) in zip(turns, turns[1:], strict=False):
+        for (_, prev), (_, cur) in itertools.pairwise(turns):
             think = (trace[cur].think_time_ms or 0.0) / 1000
             assert req.loc[cur, "arrival_s"] == pytest.approx(req.loc[prev, "finish_s"] + think)
             checked += 1
