@@ -12,7 +12,7 @@ import hashlib
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -389,20 +389,8 @@ def run_simulation(
         write_policy=cfg.cache.write_policy,
         eviction=cfg.cache.eviction,
         costs=costs,
-        sched=SchedulerParams(
-            page_size=ps,
-            chunked_prefill_size=sp.chunked_prefill_size,
-            max_prefill_tokens=sp.max_prefill_tokens,
-            max_running_requests=sp.max_running_requests,
-            init_new_token_ratio=sp.init_new_token_ratio,
-            min_new_token_ratio_factor=sp.min_new_token_ratio_factor,
-            new_token_ratio_decay_steps=sp.new_token_ratio_decay_steps,
-            schedule_conservativeness=sp.schedule_conservativeness,
-            clip_max_new_tokens=sp.clip_max_new_tokens,
-            retract_decode_steps=sp.retract_decode_steps,
-            outputs=cfg.workload.outputs,
-            policy=sp.policy,
-        ),
+        # every scheduler knob of the config, plus what the scheduler needs from other sections
+        sched=SchedulerParams(page_size=ps, outputs=cfg.workload.outputs, **asdict(sp)),
         load_back_threshold=cfg.cache.load_back_threshold,
         closed_loop=closed_loop,
         timeline_max_rows=cfg.run.timeline_max_rows,

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 import simpy
 
+from sim.config import SchedulerConfig
 from sim.policy import HiRadixCache, PageKey
 from sim.policy.requests import ReqKV, cache_finished_req, cache_unfinished_req
 
@@ -41,20 +42,14 @@ class CostModel(Protocol):
         ...
 
 
-@dataclass(frozen=True)
-class SchedulerParams:
+@dataclass(frozen=True, kw_only=True)
+class SchedulerParams(SchedulerConfig):
+    """What the scheduler reads: every ``[scheduler]`` knob of the config (see
+    ``sim.config.SchedulerConfig`` for what each means and why its default is what it is), plus
+    what it needs from other sections."""
+
     page_size: int
-    chunked_prefill_size: int = 8192
-    max_prefill_tokens: int = 16384
-    max_running_requests: int = 0
-    init_new_token_ratio: float = 0.7
-    min_new_token_ratio_factor: float = 0.14
-    new_token_ratio_decay_steps: int = 600
-    schedule_conservativeness: float = 1.0
-    clip_max_new_tokens: int = 4096
-    retract_decode_steps: int = 20
     outputs: str = "cache"
-    policy: str = "fcfs"
     lpm_max_queue: int = 128  # SGLang falls back to FCFS above this many waiting requests
 
 
