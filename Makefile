@@ -19,10 +19,11 @@ $(VENV)/.base: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e .
 	@touch $@
 
-# dev install: tests, linters, notebooks, plus torch (CPU) for the replay tests
+# dev install: tests, linters, notebooks, torch (CPU) for the replay tests and Ray for the
+# sweep executor's test on a local Ray runtime
 $(VENV)/.dev: pyproject.toml | $(BIN)/python
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q $(TORCH_CPU)
-	$(BIN)/python -m pip install -q -e '.[dev,replay]'
+	$(BIN)/python -m pip install -q -e '.[dev,replay,cluster]'
 	@touch $@ $(VENV)/.base
 
 demo: $(VENV)/.base
@@ -45,3 +46,9 @@ bench: $(VENV)/.dev
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache .hypothesis
+
+# bench + calibrate + a short trace replay in one go (replay/device_check.py): a few minutes on a
+# CUDA machine, seconds on CPU tensors elsewhere; everything lands under OUT (default below)
+.PHONY: device-check
+device-check: $(VENV)/.dev
+	$(BIN)/python -m replay.device_check --out $${OUT:-runs/device-check}

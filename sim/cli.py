@@ -162,6 +162,7 @@ def _write_csv(rows: list[dict[str, Any]], path: Path) -> None:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
+    os.chmod(tmp, 0o644)  # mkstemp creates 0600; outputs are meant to be shared
     os.replace(tmp, path)
 
 
@@ -366,7 +367,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         "Each request matched, loaded back and inserted one at a time (no timing).\n\n"
         f"![hit rate vs capacity](hitrate.png)\n\n```\n{table}\n```\n"
     )
-    print(f"\nreport: {report}  (comparison.csv, hitrate.csv, hitrate.png, runs/)")
+    from sim.report import build_report
+
+    html = build_report([Path(j[3]) for j in jobs], args.out / "report.html")
+    print(f"\nreport: {html}  (also report.md, comparison.csv, hitrate.csv, hitrate.png, runs/)")
     return 0
 
 
@@ -383,9 +387,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run(sub)
     _add_hitrate(sub)
     _add_demo(sub)
-    from traces.cli import register
+    from sim.report import register as register_report
+    from sim.sweep import register as register_sweep
+    from traces.cli import register as register_trace
 
-    register(sub)
+    register_sweep(sub)
+    register_report(sub)
+    register_trace(sub)
     return parser
 
 

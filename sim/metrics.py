@@ -141,6 +141,7 @@ def write_json_atomic(obj: Any, path: Path) -> None:
     with os.fdopen(fd, "w") as f:
         json.dump(obj, f, indent=1, sort_keys=True, allow_nan=True)
         f.write("\n")
+    os.chmod(tmp, 0o644)  # mkstemp creates 0600; outputs are meant to be shared
     os.replace(tmp, path)
 
 
@@ -148,4 +149,5 @@ def write_parquet_atomic(df: Any, path: Path) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
     os.close(fd)
     df.to_parquet(tmp, index=False)
+    os.chmod(tmp, 0o644)  # mkstemp creates 0600; outputs are meant to be shared
     os.replace(tmp, path)
