@@ -394,6 +394,10 @@ def build_parser() -> argparse.ArgumentParser:
     register_sweep(sub)
     register_report(sub)
     register_trace(sub)
+    # replay needs torch (the `replay` extra); its module imports torch only inside commands
+    from replay.cli import register as register_replay
+
+    register_replay(sub)
     return parser
 
 

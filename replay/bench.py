@@ -1,0 +1,522 @@
+"""Copy microbenchmarks: the measurements the calibration fits (``hicache-sim replay bench``).
+
+Four sweeps, each row one timed repeat (after ``warmup`` untimed ones):
+
+* ``plain``: one ``copy_`` of 4 KiB-256 MiB between a device tensor and a host tensor, each
+  direction alone, pinned and pageable host memory. The large pinned copies are the link's
+  peak; the small ones its fixed cost.
+* ``bidir``: both directions at once (4 back-to-back copies per direction on the two streams;
+  the first two of each are timed, while the other direction is surely still busy), for the
+  coupling factor ``eta``.
+* ``op``: writes and loads through :class:`~replay.transfer.CopyEngine` on pools of the model's
+  page geometry, for each backend (and host layout), contiguous and fragmented into runs of 1, 4,
+  16, 64 pages, with 1 layer (small ops, down to one page) and optionally the model's layer
+  count (the shape of real HiCache ops).
+* ``gemm`` / ``hbm`` (CUDA only): a bf16 GEMM of the model's hidden size and a large
+  device-to-device copy, for the compute constants (``mfu``, ``decode_hbm_efficiency``).
+
+Row columns: ``kind, backend, direction, host_memory, layout, bytes, pages, run_pages, runs,
+layers, n_alpha, n_gamma, calls, flops, repeat, duration_s``. ``n_alpha`` / ``n_gamma`` are how
+many times the latency model charges ``alpha`` / ``gamma`` for the row (``sim.latency``:
+``write_op_time`` charges alpha once and gamma per run and layer, ``load_op_time`` alpha per
+layer), so the fit is one least-squares problem on ``[n_alpha, n_gamma, bytes]``.
+
+On the CPU (no CUDA) everything runs on plain tensors: there is no pinned memory (one
+``pageable`` sweep), ``bidir`` runs the two directions in two threads, and there is no GEMM row.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+
+from replay.outputs import write_json, write_table
+from replay.pools import KVPools, PoolSpec
+from replay.runtime import Runtime
+from replay.transfer import CopyEngine
+
+KiB = 1024
+MiB = 1024 * KiB
+
+COLUMNS = (
+    "kind",
+    "backend",
+    "direction",
+    "host_memory",
+    "layout",
+    "bytes",
+    "pages",
+    "run_pages",
+    "runs",
+    "layers",
+    "n_alpha",
+    "n_gamma",
+    "calls",
+    "flops",
+    "repeat",
+    "duration_s",
+)
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """What to sweep. Defaults fit an H100/H200 run in about a minute or two."""
+
+    # 4 KiB .. 256 MiB by x4: spans the fixed-cost-bound and the bandwidth-bound regimes
+    plain_sizes: tuple[int, ...] = tuple(4 * KiB * 4**k for k in range(9))
+    # sizes where a copy lasts long enough for the two directions to overlap well
+    bidir_sizes: tuple[int, ...] = (1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB, 256 * MiB)
+    # pageable vs pinned is a question users ask; pageable rows are not used by the fit
+    pageable: bool = True
+    backends: tuple[str, ...] = ("direct", "kernel")
+    # page_first is SGLang 0.5.14's default (kernel IO); direct IO always uses layer_first
+    kernel_layouts: tuple[str, ...] = ("page_first", "layer_first")
+    # 1 layer gives small ops; the model's layer count gives the shape of real HiCache ops
+    op_layers: tuple[int, ...] = (1, 32)
+    op_pages: tuple[int, ...] = (1, 4, 16, 64, 256, 1024)
+    # 0 = contiguous; the issue's fragmentation levels
+    run_pages: tuple[int, ...] = (0, 1, 4, 16, 64)
+    # Llama-3-8B's geometry at SGLang's usual HiCache page: 64 tokens x 4 KiB per layer
+    page_size: int = 64
+    token_layer_bytes: int = 4096
+    parts: int = 2
+    max_op_bytes: int = 256 * MiB
+    # a fragmented direct op issuing more copies than this takes too long to be worth timing
+    max_calls: int = 4096
+    repeats: int = 5
+    warmup: int = 1
+    gemm: bool = True
+    # GEMM shape (CUDA only): tokens x hidden times hidden x 4*hidden, Llama-3-8B's hidden
+    gemm_tokens: int = 4096
+    gemm_hidden: int = 4096
+    hbm_bytes: int = 1024 * MiB
+
+    def __post_init__(self) -> None:
+        if self.repeats < 1 or self.warmup < 0:
+            raise ValueError("repeats must be >= 1 and warmup >= 0")
+        for s in (*self.plain_sizes, *self.bidir_sizes):
+            if s < 8 or s % 8:
+                raise ValueError(f"copy sizes must be positive multiples of 8 bytes, got {s}")
+
+    @classmethod
+    def for_model(cls, model: str, tp: int = 1, page_size: int = 64, **kw: Any) -> BenchConfig:
+        """Defaults with the op geometry (bytes per token per layer, layers, parts) of a
+        ``sim.hardware`` model preset."""
+        from sim.hardware import get_model, kv_bytes_per_token
+
+        m = get_model(model)
+        tlb = kv_bytes_per_token(m, tp) // m.num_layers
+        base = cls(
+            page_size=page_size,
+            token_layer_bytes=tlb,
+            parts=1 if m.mla else 2,
+            op_layers=(1, m.num_layers),
+            gemm_hidden=m.hidden_size,
+        )
+        return replace(base, **kw)
+
+    @classmethod
+    def quick(cls, **kw: Any) -> BenchConfig:
+        """A small sweep (seconds on a CPU): for tests and CPU smoke runs."""
+        base = cls(
+            plain_sizes=(4 * KiB, 64 * KiB, 1 * MiB, 4 * MiB),
+            bidir_sizes=(1 * MiB, 4 * MiB),
+            op_layers=(1, 4),
+            op_pages=(1, 4, 16, 64),
+            run_pages=(0, 1, 4),
+            page_size=16,
+            token_layer_bytes=1024,
+            max_op_bytes=4 * MiB,
+            repeats=3,
+            gemm=False,
+        )
+        return replace(base, **kw)
+
+
+@dataclass
+class _Rows:
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(self, durations: Iterable[float], **cols: Any) -> None:
+        base = {c: cols.get(c, _DEFAULTS[c]) for c in COLUMNS if c not in ("repeat", "duration_s")}
+        for i, d in enumerate(durations):
+            self.rows.append({**base, "repeat": i, "duration_s": float(d)})
+
+
+_DEFAULTS: dict[str, Any] = {
+    "kind": "",
+    "backend": "plain",
+    "direction": "",
+    "host_memory": "",
+    "layout": "",
+    "bytes": 0,
+    "pages": 0,
+    "run_pages": 0,
+    "runs": 1,
+    "layers": 1,
+    "n_alpha": 1,
+    "n_gamma": 0,
+    "calls": 1,
+    "flops": 0.0,
+}
+
+
+def _timed(rt: Runtime, stream: str, fn: Callable[[], None]) -> float:
+    rt.begin(stream)
+    a = rt.mark(stream)
+    rt.run(stream, fn)
+    b = rt.mark(stream)
+    rt.wait(b)
+    return rt.seconds_between(a, b)
+
+
+def plain_copy_times(
+    rt: Runtime, nbytes: int, direction: str, pinned: bool, repeats: int, warmup: int = 1
+) -> list[float]:
+    """Seconds of ``repeats`` single copies of ``nbytes`` in ``direction`` (``d2h``/``h2d``)
+    between a device tensor and a host tensor (pinned if asked and possible)."""
+    n = nbytes // 8
+    dev = rt.device_empty((n,), torch.int64)
+    host = rt.host_empty((n,), torch.int64, pinned=pinned)
+    dev.zero_()
+    host.zero_()
+    dst, src = (host, dev) if direction == "d2h" else (dev, host)
+
+    def copy() -> None:
+        dst.copy_(src, non_blocking=True)
+
+    out = [_timed(rt, direction, copy) for _ in range(warmup + repeats)]
+    return out[warmup:]
+
+
+def bidir_copy_times(
+    rt: Runtime, nbytes: int, repeats: int, warmup: int = 1, depth: int = 4
+) -> list[tuple[float, float]]:
+    """Per-copy seconds ``(d2h, h2d)`` while both directions copy ``nbytes`` at once.
+
+    Each direction issues ``depth`` back-to-back copies; the first ``depth // 2`` of each are
+    timed, so (as long as the two rates are within 2x) the other direction is busy the whole
+    time. CUDA: the two streams; CPU: two threads (torch copies release the GIL).
+    """
+    n = nbytes // 8
+    half = max(1, depth // 2)
+    d_src = rt.device_empty((n,), torch.int64).zero_()
+    d_dst = rt.device_empty((n,), torch.int64)
+    h_src = rt.host_empty((n,), torch.int64).zero_()
+    h_dst = rt.host_empty((n,), torch.int64)
+    out: list[tuple[float, float]] = []
+
+    def write() -> None:
+        h_dst.copy_(d_src, non_blocking=True)
+
+    def load() -> None:
+        d_dst.copy_(h_src, non_blocking=True)
+
+    for _ in range(warmup + repeats):
+        if rt.kind == "cuda":
+            rt.begin("d2h")
+            rt.begin("h2d")
+            a = {s: rt.mark(s) for s in ("d2h", "h2d")}
+            b: dict[str, Any] = {}
+            for i in range(depth):
+                rt.run("d2h", write)
+                rt.run("h2d", load)
+                if i == half - 1:
+                    b = {s: rt.mark(s) for s in ("d2h", "h2d")}
+            rt.synchronize()
+            w, ld = (rt.seconds_between(a[s], b[s]) / half for s in ("d2h", "h2d"))
+        else:
+            w, ld = _cpu_bidir(h_dst, d_src, d_dst, h_src, depth, half)
+        out.append((w, ld))
+    return out[warmup:]
+
+
+def _cpu_bidir(
+    h_dst: torch.Tensor,
+    d_src: torch.Tensor,
+    d_dst: torch.Tensor,
+    h_src: torch.Tensor,
+    depth: int,
+    half: int,
+) -> tuple[float, float]:
+    gate = threading.Barrier(2)
+    res: dict[str, float] = {}
+
+    def worker(name: str, dst: torch.Tensor, src: torch.Tensor) -> None:
+        gate.wait()
+        t0 = time.perf_counter()
+        for i in range(depth):
+            dst.copy_(src)
+            if i == half - 1:
+                res[name] = (time.perf_counter() - t0) / half
+
+    threads = [
+        threading.Thread(target=worker, args=("d2h", h_dst, d_src)),
+        threading.Thread(target=worker, args=("h2d", d_dst, h_src)),
+    ]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    return res["d2h"], res["h2d"]
+
+
+def fragmented_pages(n: int, run: int) -> tuple[list[int], list[int]]:
+    """Device and host page lists of ``n`` pages in runs of ``run`` pages (0 or >= n:
+    contiguous). Consecutive runs are ``run`` pages apart on both sides, so every run boundary
+    breaks contiguity: ``count_runs == ceil(n / run)``. Page ids stay below ``2 n + run``."""
+    if run <= 0 or run >= n:
+        return list(range(n)), list(range(n))
+    dev: list[int] = []
+    host: list[int] = []
+    k = 0
+    while len(dev) < n:
+        m = min(run, n - len(dev))
+        base = 2 * k * run
+        dev += range(base, base + m)
+        host += range(base + run, base + run + m)
+        k += 1
+    return dev, host
+
+
+def _op_plan(cfg: BenchConfig, layers: int) -> list[tuple[int, int]]:
+    """(pages, run_pages) pairs to time at ``layers`` layers."""
+    layer_page = cfg.page_size * cfg.token_layer_bytes
+    plan = []
+    for n in cfg.op_pages:
+        if n * layer_page * layers > cfg.max_op_bytes:
+            continue
+        for r in cfg.run_pages:
+            if r and r >= n:
+                continue  # same as contiguous
+            runs = 1 if not r else -(-n // r)
+            if cfg.parts * layers * runs > cfg.max_calls:
+                continue
+            plan.append((n, r))
+    return plan
+
+
+def op_rows(cfg: BenchConfig, rt: Runtime, rows: _Rows, log: Callable[[str], None]) -> None:
+    """Time writes and loads through the copy engine for every backend, layout and plan."""
+    combos = []
+    for backend in cfg.backends:
+        layouts = ("layer_first",) if backend == "direct" else cfg.kernel_layouts
+        combos += [(backend, layout) for layout in layouts]
+    for layers in cfg.op_layers:
+        plan = _op_plan(cfg, layers)
+        if not plan:
+            continue
+        pages = max(2 * n + r for n, r in plan)
+        for layout in dict.fromkeys(lay for _, lay in combos):
+            spec = PoolSpec(
+                layers, cfg.token_layer_bytes, cfg.page_size, pages, pages, layout, cfg.parts
+            )
+            pools = KVPools(spec, rt)
+            pools.device.zero_()
+            assert pools.host is not None
+            pools.host.zero_()
+            mem = "pinned" if pools.host_pinned else "pageable"
+            for backend in [b for b, lay in combos if lay == layout]:
+                log(f"ops: {backend}/{layout}, {layers} layer(s), {len(plan)} shapes")
+                eng = CopyEngine(pools, rt, backend)
+                for n, r in plan:
+                    dev, host = fragmented_pages(n, r)
+                    for direction in ("d2h", "h2d"):
+                        issue = eng.d2h if direction == "d2h" else eng.h2d
+                        times = []
+                        calls = runs = 0
+                        for _ in range(cfg.warmup + cfg.repeats):
+                            t = issue(dev, host)
+                            eng.wait(t)
+                            assert t.duration_s is not None
+                            times.append(t.duration_s)
+                            calls, runs = t.calls, t.runs
+                        rows.add(
+                            times[cfg.warmup :],
+                            kind="op",
+                            backend=backend,
+                            direction=direction,
+                            host_memory=mem,
+                            layout=layout,
+                            bytes=n * spec.page_bytes,
+                            pages=n,
+                            run_pages=r,
+                            runs=runs,
+                            layers=layers,
+                            n_alpha=1 if direction == "d2h" else layers,
+                            n_gamma=runs * layers,
+                            calls=calls,
+                        )
+            pools.close()
+            del pools
+            rt.synchronize()
+
+
+def compute_rows(cfg: BenchConfig, rt: Runtime, rows: _Rows) -> None:
+    """CUDA only: a bf16 GEMM (``mfu``) and a large device copy (HBM bandwidth)."""
+    m, k = cfg.gemm_tokens, cfg.gemm_hidden
+    n = 4 * k
+    mats = [
+        torch.randn(m, k, dtype=torch.bfloat16, device=rt.device),
+        torch.randn(k, n, dtype=torch.bfloat16, device=rt.device),
+    ]
+
+    def gemm() -> None:
+        torch.mm(mats[0], mats[1])
+
+    times = [_timed(rt, "h2d", gemm) for _ in range(cfg.warmup + cfg.repeats)]
+    rows.add(
+        times[cfg.warmup :], kind="gemm", backend="gemm", flops=2.0 * m * n * k, n_alpha=0, calls=0
+    )
+    mats.clear()
+    x = rt.device_empty((cfg.hbm_bytes // 8,), torch.int64).zero_()
+    y = torch.empty_like(x)
+
+    def device_copy() -> None:
+        y.copy_(x)
+
+    times = [_timed(rt, "h2d", device_copy) for _ in range(cfg.warmup + cfg.repeats)]
+    # a device copy reads and writes every byte
+    rows.add(times[cfg.warmup :], kind="hbm", backend="hbm", bytes=2 * cfg.hbm_bytes, n_alpha=0)
+
+
+def run_bench(
+    cfg: BenchConfig, rt: Runtime, log: Callable[[str], None] | None = None
+) -> pd.DataFrame:
+    """Every sweep of ``cfg`` on ``rt``; one row per timed repeat (columns :data:`COLUMNS`)."""
+    say = log or (lambda _msg: None)
+    rows = _Rows()
+    mems = [True, False] if (rt.pinned and cfg.pageable) else [rt.pinned]
+    say(f"plain copies: {len(cfg.plain_sizes)} sizes x 2 directions x {len(mems)} memory kinds")
+    for pinned in mems:
+        mem = "pinned" if pinned else "pageable"
+        for size in cfg.plain_sizes:
+            for direction in ("d2h", "h2d"):
+                times = plain_copy_times(rt, size, direction, pinned, cfg.repeats, cfg.warmup)
+                rows.add(times, kind="plain", direction=direction, host_memory=mem, bytes=size)
+    if cfg.bidir_sizes:
+        say(f"both directions at once: {len(cfg.bidir_sizes)} sizes")
+        mem = "pinned" if rt.pinned else "pageable"
+        for size in cfg.bidir_sizes:
+            pairs = bidir_copy_times(rt, size, cfg.repeats, cfg.warmup)
+            for i, direction in enumerate(("d2h", "h2d")):
+                rows.add(
+                    [p[i] for p in pairs],
+                    kind="bidir",
+                    direction=direction,
+                    host_memory=mem,
+                    bytes=size,
+                )
+    op_rows(cfg, rt, rows, say)
+    if cfg.gemm and rt.kind == "cuda":
+        say("compute: GEMM and HBM copy")
+        compute_rows(cfg, rt, rows)
+    return pd.DataFrame(rows.rows, columns=list(COLUMNS))
+
+
+def write_bench(
+    df: pd.DataFrame, cfg: BenchConfig, rt: Runtime, out: Path, wall_s: float, **extra: Any
+) -> dict[str, Any]:
+    """``out/bench.parquet`` + ``bench.csv`` and ``out/meta.json`` (machine, config, wall time);
+    returns the meta dict."""
+    write_table(df, out, "bench")
+    meta = {
+        "format": "hicache-replay-bench",
+        "version": 1,
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": rt.describe(),
+        "host_pinned": rt.pinned,
+        "config": asdict(cfg),
+        "rows": len(df),
+        "wall_s": round(wall_s, 3),
+        **extra,
+    }
+    write_json(meta, out / "meta.json")
+    return meta
+
+
+def bench_table(df: pd.DataFrame) -> str:
+    """A readable summary: plain-copy bandwidth by size, ``eta`` by size, op bandwidth by
+    fragmentation (GB/s = 1e9 B/s, medians over repeats)."""
+    lines: list[str] = []
+    med = df.groupby(
+        ["kind", "backend", "direction", "host_memory", "layout", "bytes", "run_pages", "layers"],
+        as_index=False,
+    )["duration_s"].median()
+    med["gbps"] = med["bytes"] / med["duration_s"] / 1e9
+    plain = med[med.kind == "plain"]
+    if len(plain):
+        cols = sorted({(m, d) for m, d in zip(plain.host_memory, plain.direction, strict=True)})
+        lines.append("plain copies, GB/s (median):")
+        lines.append(f"{'size':>10} " + " ".join(f"{m[:6] + ' ' + d:>14}" for m, d in cols))
+        for size in sorted(plain["bytes"].unique()):
+            cells = []
+            for m, d in cols:
+                sel = plain[
+                    (plain["bytes"] == size) & (plain.host_memory == m) & (plain.direction == d)
+                ]
+                cells.append(f"{sel.gbps.iloc[0]:>14.2f}" if len(sel) else f"{'-':>14}")
+            lines.append(f"{_size(int(size)):>10} " + " ".join(cells))
+    bid = med[med.kind == "bidir"]
+    if len(bid) and len(plain):
+        lines.append("both directions at once, per-direction GB/s (alone -> together):")
+        for size in sorted(bid["bytes"].unique()):
+            cells = []
+            for d in ("d2h", "h2d"):
+                together = bid[(bid["bytes"] == size) & (bid.direction == d)].gbps
+                alone = plain[
+                    (plain["bytes"] == size)
+                    & (plain.direction == d)
+                    & (plain.host_memory == bid.host_memory.iloc[0])
+                ].gbps
+                if len(together) and len(alone):
+                    cells.append(f"{d} {alone.iloc[0]:.2f} -> {together.iloc[0]:.2f}")
+            lines.append(f"{_size(int(size)):>10}  " + "   ".join(cells))
+    ops = med[med.kind == "op"]
+    if len(ops):
+        lines.append("ops at the largest size per layer count, GB/s by run length (0 = contig.):")
+        for (b, lay, d, nl), g in ops.groupby(["backend", "layout", "direction", "layers"]):
+            big = g[g["bytes"] == g["bytes"].max()].sort_values("run_pages")
+            by_run = " ".join(
+                f"{int(r)}:{v:.2f}" for r, v in zip(big.run_pages, big.gbps, strict=True)
+            )
+            lines.append(
+                f"  {b:>6} {lay:>11} {d} L={int(nl):<3} {_size(int(big['bytes'].max())):>9}"
+                f"  {by_run}"
+            )
+    for kind, unit in (("gemm", "TFLOP/s"), ("hbm", "GB/s")):
+        sel = df[df.kind == kind]
+        if len(sel):
+            t = sel.duration_s.median()
+            v = sel.flops.iloc[0] / t / 1e12 if kind == "gemm" else sel["bytes"].iloc[0] / t / 1e9
+            lines.append(f"{kind}: {v:.1f} {unit}")
+    return "\n".join(lines)
+
+
+def _size(n: int) -> str:
+    if n >= MiB:
+        return f"{n / MiB:g} MiB"
+    if n >= KiB:
+        return f"{n / KiB:g} KiB"
+    return f"{n} B"
+
+
+__all__ = [
+    "COLUMNS",
+    "BenchConfig",
+    "bench_table",
+    "bidir_copy_times",
+    "fragmented_pages",
+    "op_rows",
+    "plain_copy_times",
+    "run_bench",
+    "write_bench",
+]

@@ -1,0 +1,361 @@
+"""``hicache-sim replay``: ``bench``, ``calibrate`` and ``run``.
+
+:func:`register` adds the ``replay`` command to ``hicache-sim``'s sub-parsers; :func:`main` runs
+the same steps standalone (``python -m replay.cli bench ...``). Nothing heavy is imported until
+a step runs, and torch only by the steps that copy (``calibrate`` needs numpy and pandas only).
+User errors (torch missing, ``--device cuda`` without CUDA, bad files or values) print one line
+and return 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+EXIT_USER_ERROR = 2
+GiB = 1 << 30
+
+
+class UserError(Exception):
+    """Printed as one line; exit code 2."""
+
+
+def _need_torch() -> None:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise UserError(
+            "torch is not installed; the replay needs it: pip install 'hicache-sim[replay]' "
+            "(or torch==2.13.0 for the CPU build)"
+        ) from None
+
+
+def _runtime(device: str, threads: int | None = None) -> Any:
+    _need_torch()
+    from replay.runtime import make_runtime
+
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+
+    try:
+        return make_runtime(device)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+
+
+def _check_out(out: Path, force: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise UserError(f"{out}: exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise UserError(
+            f"{out}: exists and is not empty (use --force to overwrite, or a new --out)"
+        )
+
+
+def _guard(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return fn(args)
+        except UserError as e:
+            print(f"hicache-sim replay: {e}", file=sys.stderr)
+            return EXIT_USER_ERROR
+        except (ValueError, OSError) as e:
+            # config, trace, profile and size errors are ValueErrors that name what is wrong
+            msg = f"{e.filename}: {e.strerror}" if isinstance(e, OSError) and e.filename else e
+            print(f"hicache-sim replay: {msg}", file=sys.stderr)
+            return EXIT_USER_ERROR
+
+    return run
+
+
+def _csv(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def _say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+# ------------------------------------------------------------------------------------ bench --
+def _cmd_bench(args: argparse.Namespace) -> int:
+    rt = _runtime(args.device, args.threads)
+    from dataclasses import replace
+
+    from replay.bench import BenchConfig, bench_table, run_bench, write_bench
+
+    _check_out(args.out, args.force)
+    cfg = BenchConfig.for_model(args.model, args.tp, args.page_size)
+    if args.quick:
+        cfg = BenchConfig.quick()
+    kw: dict[str, Any] = {}
+    if args.repeats is not None:
+        kw["repeats"] = args.repeats
+    if args.no_pageable:
+        kw["pageable"] = False
+    if args.backends:
+        bad = set(args.backends) - {"direct", "kernel"}
+        if bad:
+            raise UserError(f"--backends: unknown {', '.join(sorted(bad))} (direct, kernel)")
+        kw["backends"] = tuple(args.backends)
+    if args.max_size_mib is not None:
+        cap = int(args.max_size_mib * (1 << 20))
+        kw["plain_sizes"] = tuple(s for s in cfg.plain_sizes if s <= cap)
+        kw["bidir_sizes"] = tuple(s for s in cfg.bidir_sizes if s <= cap)
+        kw["max_op_bytes"] = min(cfg.max_op_bytes, cap)
+    cfg = replace(cfg, **kw)
+    _say(f"bench on {rt.kind} ({rt.describe().get('gpu_name')}) -> {args.out}")
+    t0 = time.perf_counter()
+    try:
+        df = run_bench(cfg, rt, _say)
+        write_bench(df, cfg, rt, args.out, time.perf_counter() - t0, model=args.model, tp=args.tp)
+    finally:
+        rt.close()
+    _say(bench_table(df))
+    _say(f"{len(df)} rows in {time.perf_counter() - t0:.1f} s -> {args.out}/bench.parquet")
+    return 0
+
+
+# -------------------------------------------------------------------------------- calibrate --
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from replay.calibrate import calibrate, load_bench, replay_rows
+    from replay.presets import gpu_preset_for
+    from sim.hardware import get_gpu
+    from sim.latency import save_profile
+
+    bench, meta = load_bench(args.bench_dir)
+    machine = meta.get("machine", {})
+    gpu = args.gpu
+    if gpu is None:
+        gpu = (
+            gpu_preset_for(str(machine.get("gpu_name", "")))
+            if machine.get("device") == "cuda"
+            else "h100-sxm"
+        )
+        if gpu is None:
+            raise UserError(
+                f"{args.bench_dir}: GPU {machine.get('gpu_name')!r} has no sim.hardware preset; "
+                "pass --gpu NAME (and --link)"
+            )
+    link = args.link or get_gpu(gpu).default_link
+    replay = replay_rows(args.replay_dirs) if args.replay_dirs else None
+    cal = calibrate(
+        bench,
+        meta,
+        gpu=gpu,
+        link=link,
+        replay=replay,
+        kernel_layout=args.kernel_layout,
+        source="hicache-sim replay calibrate "
+        + " ".join(str(p) for p in [args.bench_dir, *args.replay_dirs]),
+    )
+    save_profile(cal.profile, args.out)
+    _say(f"profile for {gpu} + {link} (measured={cal.profile.measured}) -> {args.out}")
+    for b, by_dir in cal.fits.items():
+        for d, fit in by_dir.items():
+            _say(f"  {b:>6} {d}: {fit.describe()}")
+    for d, (eta, how) in cal.eta.items():
+        _say(f"  eta {d}: {how}" if eta != 1.0 or "not" in how else f"  eta {d}: {eta}")
+    if not cal.profile.measured:
+        _say("  (CPU measurements: the profile is marked unmeasured; see its provenance)")
+    return 0
+
+
+# -------------------------------------------------------------------------------------- run --
+def _budgets(device: str, dev_gb: float | None, host_gb: float | None) -> tuple[int, int]:
+    """Memory budgets for the pools: what was asked, else a share of what the machine has."""
+    if device == "cuda":
+        import torch
+
+        free, _total = torch.cuda.mem_get_info()
+        dev = min(8 * GiB, int(free * 0.4))
+        try:
+            avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError):
+            avail = 32 * GiB
+        host = min(16 * GiB, int(avail * 0.25))
+    else:
+        # small, so a CPU replay (CI, laptops) takes seconds
+        dev, host = 256 << 20, 512 << 20
+    if dev_gb is not None:
+        dev = int(dev_gb * GiB)
+    if host_gb is not None:
+        host = int(host_gb * GiB)
+    return dev, host
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    rt = _runtime(args.device, args.threads)
+    from replay.presets import gpu_preset_for
+    from replay.run import format_summary, run_replay, settings_from_config
+    from sim.config import load_config
+    from sim.latency import load_profile, profile_from_dict
+    from traces.io import read_trace
+
+    _check_out(args.out, args.force)
+    overrides = list(args.overrides)
+    if rt.kind == "cuda" and args.config is None and not any("gpu.name=" in o for o in overrides):
+        detected = gpu_preset_for(rt.describe()["gpu_name"])
+        if detected:
+            overrides.append(f"gpu.name={detected}")
+    cfg = load_config(args.config, overrides)
+    dev_budget, host_budget = _budgets(rt.kind, args.device_mem_gb, args.host_mem_gb)
+    settings = settings_from_config(
+        cfg,
+        backend=args.backend,
+        layout=args.layout,
+        max_requests=args.max_requests,
+        batch_tokens=args.batch_tokens,
+        batch_requests=args.batch_requests,
+        device_budget_bytes=dev_budget,
+        host_budget_bytes=host_budget,
+        scale=args.scale,
+        num_layers=args.layers,
+        token_layer_bytes=args.token_layer_bytes,
+        verify=args.verify or None,
+    )
+    if args.profile is not None:
+        from replay.outputs import read_json
+
+        data = read_json(args.profile)
+        if not isinstance(data, dict):
+            raise UserError(f"{args.profile}: top level: expected an object")
+        profile = profile_from_dict(data, source=str(args.profile))
+    else:
+        profile = load_profile(None, settings.gpu, settings.link)
+    trace = read_trace(args.trace)
+    try:
+        summary = run_replay(
+            trace,
+            settings,
+            rt,
+            profile,
+            profile_path=str(args.profile or ""),
+            out=args.out,
+            log=_say,
+        )
+    finally:
+        rt.close()
+    _say(format_summary(summary))
+    _say(f"-> {args.out}/ops.parquet, summary.json")
+    return 0
+
+
+# ------------------------------------------------------------------------------- argparse ----
+def add_steps(p: argparse.ArgumentParser) -> None:
+    """Add the ``bench`` / ``calibrate`` / ``run`` sub-commands to ``p``."""
+    sub = p.add_subparsers(dest="replay_step", metavar="STEP")
+    sub.required = True
+    dev_help = "where to copy: cuda, cpu, or auto (cuda when available; default)"
+    # on a shared CPU box, OpenMP workers spinning against other processes make copies erratic
+    threads_help = "torch intra-op threads (default: torch's choice; 1 = steadier CPU timings)"
+
+    b = sub.add_parser(
+        "bench",
+        help="copy microbenchmarks (sizes, directions, both at once, fragmentation, backends)",
+        description="Time plain copies (4 KiB-256 MiB, each direction, pinned and pageable), "
+        "both directions at once, and HiCache writes/loads through both IO backends, "
+        "contiguous and fragmented. Writes bench.parquet, bench.csv and meta.json.",
+    )
+    b.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"), help=dev_help)
+    b.add_argument("--out", type=Path, required=True, help="output folder")
+    b.add_argument("--model", default="llama-3-8b", help="page geometry of this model preset")
+    b.add_argument("--tp", type=int, default=1)
+    b.add_argument("--page-size", type=int, default=64, help="tokens per page (default 64)")
+    b.add_argument("--quick", action="store_true", help="a small sweep (seconds; CI, CPU)")
+    b.add_argument("--repeats", type=int, help="timed repeats per point (default 5)")
+    b.add_argument("--no-pageable", action="store_true", help="skip the pageable-memory sweep")
+    b.add_argument("--backends", type=_csv, help="direct,kernel (default both)")
+    b.add_argument("--max-size-mib", type=float, help="cap copy and op sizes (MiB)")
+    b.add_argument("--threads", type=int, help=threads_help)
+    b.add_argument("--force", action="store_true", help="overwrite a non-empty --out")
+    b.set_defaults(func=_guard(_cmd_bench))
+
+    c = sub.add_parser(
+        "calibrate",
+        help="fit the latency model to a bench (and replay runs) -> profile JSON",
+        description="Least-squares fit of alpha, beta, gamma per IO backend and direction, eta "
+        "from the both-directions runs, compute constants from GEMMs when measured on CUDA. "
+        "The profile is marked measured only for CUDA measurements.",
+    )
+    c.add_argument("bench_dir", type=Path)
+    c.add_argument("replay_dirs", type=Path, nargs="*", help="replay run folders (ops.parquet)")
+    c.add_argument("--out", type=Path, required=True, help="profile JSON to write")
+    c.add_argument("--gpu", help="GPU preset the profile is for (default: detected; CPU: h100-sxm)")
+    c.add_argument("--link", help="link preset (default: the GPU's usual link)")
+    c.add_argument(
+        "--kernel-layout",
+        choices=("page_first", "layer_first"),
+        help="host layout whose kernel ops to fit (default page_first if measured)",
+    )
+    c.set_defaults(func=_guard(_cmd_calibrate))
+
+    r = sub.add_parser(
+        "run",
+        help="replay a trace with real copies; measured vs predicted per op",
+        description="Replay a trace through the HiCache policy core with every write and load "
+        "done as a real copy (compute is not executed); compare each op's time with the "
+        "latency model. Pools are scaled to fit the memory budgets (the notes say how).",
+    )
+    r.add_argument("trace", type=Path)
+    r.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"), help=dev_help)
+    r.add_argument("--profile", type=Path, help="latency profile JSON (default: shipped one)")
+    r.add_argument("--out", type=Path, required=True, help="run folder to write")
+    r.add_argument("--config", type=Path, help="TOML config (as hicache-sim run)")
+    r.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override one config value (repeatable)",
+    )
+    r.add_argument("--backend", choices=("kernel", "direct"), help="IO backend (default: config)")
+    r.add_argument("--layout", choices=("layer_first", "page_first"), help="host layout")
+    r.add_argument("--max-requests", type=int, help="replay only the first N requests")
+    r.add_argument(
+        "--batch-tokens",
+        type=int,
+        help="prompt tokens per batch (default: config's "
+        "max_prefill_tokens; 0 = one request per batch)",
+    )
+    r.add_argument("--batch-requests", type=int, help="requests per batch at most (default 8)")
+    r.add_argument("--device-mem-gb", type=float, help="device pool budget, GiB")
+    r.add_argument("--host-mem-gb", type=float, help="host pool budget, GiB")
+    r.add_argument("--scale", type=float, help="shrink both pools by this factor (0, 1]")
+    r.add_argument("--layers", type=int, help="override the model's layer count (shrinks ops)")
+    r.add_argument("--token-layer-bytes", type=int, help="override KV bytes per token per layer")
+    r.add_argument("--verify", action="store_true", help="check every loaded page's bytes")
+    r.add_argument("--threads", type=int, help=threads_help)
+    r.add_argument("--force", action="store_true", help="overwrite a non-empty --out")
+    r.set_defaults(func=_guard(_cmd_run))
+
+
+def register(subparsers: Any) -> None:
+    """Add ``replay`` (with ``bench``, ``calibrate``, ``run``) to ``hicache-sim``'s
+    sub-parsers (the object ``ArgumentParser.add_subparsers`` returned)."""
+    p = subparsers.add_parser(
+        "replay",
+        help="real copies (torch): microbenchmarks, calibration, trace replay",
+        description="Replay HiCache's host<->device copies for real (CUDA, or CPU tensors) to "
+        "calibrate and check the simulator's latency model.",
+    )
+    add_steps(p)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``hicache-sim replay`` on its own: ``main(["bench", "--device", "cpu", ...])``."""
+    parser = argparse.ArgumentParser(prog="hicache-sim replay")
+    add_steps(parser)
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,285 @@
+"""The trace replay's driver: requests through the policy core, in batches, on real copies.
+
+:class:`TraceReplayer` is sequential, like ``sim.hitrate.CacheReplay``, but serves requests in
+*batches*: consecutive requests up to a prefill token budget (the scheduler's
+``max_prefill_tokens``, as SGLang's PrefillAdder), a request cap and the device memory left.
+Per batch:
+
+1. match every request and load back its host hit (``init_load_back``); the batch's loads then
+   go out as **one** merged layer-by-layer load (``ready_to_load_host_cache``), as SGLang does;
+2. per request: allocate the rest of the prompt (evicting if short), insert it
+   (``cache_unfinished_req``: write-through backups are issued here);
+3. per request: allocate the outputs' KV, insert at finish (``cache_finished_req``).
+
+Before each ``writing_check`` / ``loading_check`` the driver waits for the copies in flight, so
+every decision equals the cache-only replay's (with one request per batch the hit counts are
+exactly ``sim.hitrate``'s, which a test checks) and ops of the two directions never overlap. It
+does **not** reproduce the timed engine's scheduling (arrivals, decode interleaving, chunked
+prefill, retraction): the point is the cost of each copy op of the shapes the policy produces,
+not end-to-end latency. Compute is not executed.
+
+With ``verify`` every computed page is stamped with a value derived from its key prefix, and
+every matched or loaded prefix is checked against the stamps (an ``AssertionError`` names the
+request): a test that the copies move the right bytes to the right pages in both layouts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from replay.controller import TorchController
+from sim.policy import HiRadixCache, PageKey
+from sim.policy.requests import ReqKV, admit, cache_finished_req, cache_unfinished_req
+
+_MASK = (1 << 62) - 1
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRequest:
+    """What the replay needs of a trace request: one symbol per full prompt page, lengths."""
+
+    symbols: PageKey
+    input_length: int
+    output_length: int
+
+
+def trace_requests(trace: Any, page_size: int, limit: int = 0) -> list[TraceRequest]:
+    """The requests of a ``traces.schema.Trace`` (first ``limit`` if > 0), in file order."""
+    from traces.keys import page_symbols
+
+    out = []
+    for i, r in enumerate(trace):
+        if limit and i >= limit:
+            break
+        sym = page_symbols(r, page_size, trace.block_size)
+        out.append(TraceRequest(PageKey(sym), r.input_length, r.output_length))
+    return out
+
+
+@dataclass
+class ReplayResult:
+    """Cache counters of a replay (the fields of ``sim.hitrate.HitRateResult``) + batches."""
+
+    requests: int = 0
+    batches: int = 0
+    prompt_tokens: int = 0
+    device_hit_tokens: int = 0
+    host_hit_tokens: int = 0
+    tokens_written: int = 0
+    tokens_loaded: int = 0
+    device_evicted_tokens: int = 0
+    host_evicted_tokens: int = 0
+    host_alloc_failures: int = 0
+    load_back_failures: int = 0
+    oom_requests: int = 0
+    verified_pages: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        return (self.device_hit_tokens + self.host_hit_tokens) / max(1, self.prompt_tokens)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "hit_rate": self.hit_rate}
+
+
+def _stamps(key: Sequence[Hashable], upto: int) -> list[int]:
+    # a page's KV depends on every token before it: a rolling hash of the key prefix
+    out, h = [], 0
+    for s in key[:upto]:
+        h = hash((h, s)) & _MASK
+        out.append(h)
+    return out
+
+
+@dataclass
+class _Live:
+    r: TraceRequest
+    key: PageKey
+    req: ReqKV
+    dev_pages: int
+    loaded_pages: int
+
+
+class TraceReplayer:
+    """Serves batches of requests through a :class:`HiRadixCache` on ``ctrl`` (see the module
+    docstring). ``outputs``: ``"cache"`` inserts prompt + outputs at finish, ``"skip"`` the
+    prompt only (as ``sim.hitrate``)."""
+
+    def __init__(
+        self,
+        ctrl: TorchController,
+        *,
+        write_policy: str = "write_through",
+        eviction: str = "lru",
+        outputs: str = "cache",
+        load_back_threshold: int = 10,
+        verify: bool = False,
+    ) -> None:
+        if outputs not in ("cache", "skip"):
+            raise ValueError(f"outputs must be cache or skip, got {outputs!r}")
+        self.ctrl = ctrl
+        self.cache = HiRadixCache(
+            ctrl,
+            write_policy=write_policy,
+            eviction_policy=eviction,
+            load_back_threshold=load_back_threshold,
+        )
+        self.p = ctrl.page_size
+        self.outputs = outputs
+        self.verify = verify
+        self.result = ReplayResult()
+        self._uniq = 0  # next unique (negative) symbol for output pages, as sim.hitrate
+
+    def _alloc(self, pages: int, evict_tokens: int) -> list[int] | None:
+        dev = self.ctrl.device
+        if dev.available_size() < evict_tokens:
+            self.cache.evict(evict_tokens)
+        return dev.alloc_pages(pages)
+
+    def _check(self, live: _Live) -> None:
+        n = len(live.req.kv)
+        if not n:
+            return
+        ok = self.ctrl.pools.device_stamps_ok(live.req.kv, _stamps(live.key, n))
+        if not ok:
+            raise AssertionError(
+                f"request {self.result.requests}: the KV of its {n}-page prefix is not what was "
+                "computed for it (a copy moved the wrong bytes)"
+            )
+        self.result.verified_pages += n
+
+    def _stamp(self, pages: list[int], key: Sequence[Hashable], first: int) -> None:
+        if self.verify and pages:
+            vals = _stamps(key, first + len(pages))[first:]
+            self.ctrl.pools.stamp_device(pages, vals)
+
+    def _sync(self) -> None:
+        self.ctrl.synchronize()
+
+    def run(
+        self, reqs: Sequence[TraceRequest], max_tokens: int = 0, max_requests: int = 1
+    ) -> ReplayResult:
+        """Serve ``reqs`` in order, in batches (module docstring), and :meth:`finish`.
+
+        A batch takes the next request while its prompt tokens stay within ``max_tokens``, it
+        has fewer than ``max_requests`` requests, and the request's prompt + outputs + one page
+        fit in what is free or evictable on the device less what the batch has already
+        reserved (SGLang's PrefillAdder budget, simplified). The first request of a batch is
+        always taken, so ``max_tokens <= 0`` or ``max_requests <= 1`` serves one at a time.
+        """
+        cache, p, dev = self.cache, self.p, self.ctrl.device
+        i = 0
+        while i < len(reqs):
+            admitted: list[_Live] = []
+            tokens = reserved = 0
+            while i < len(reqs):
+                r = reqs[i]
+                if admitted:
+                    if len(admitted) >= max_requests or tokens + r.input_length > max_tokens:
+                        break
+                    room = dev.available_size() + cache.evictable_size() - reserved
+                    if r.input_length + r.output_length + p > room:
+                        break
+                a = self._admit(r)
+                admitted.append(a)
+                i += 1
+                tokens += r.input_length
+                reserved += r.input_length - len(a.req.kv) * p + r.output_length + p
+            self.serve(admitted)
+        return self.finish()
+
+    def _admit(self, r: TraceRequest) -> _Live:
+        """Match ``r`` and queue the load of its host hit (step 1 for one request)."""
+        res, p = self.result, self.p
+        res.requests += 1
+        res.prompt_tokens += r.input_length
+        n = r.input_length // p
+        key = r.symbols if len(r.symbols) == n else PageKey(r.symbols[:n])
+        req, dev_pages, loaded = admit(self.cache, key, max(0, (r.input_length - 1) // p))
+        return _Live(r, key, req, dev_pages, loaded)
+
+    def serve(self, admitted: Sequence[_Live]) -> None:
+        """Steps 1 (the merged load) to 3 for a batch of admitted requests."""
+        cache, p, res = self.cache, self.p, self.result
+        res.batches += 1
+        if any(a.loaded_pages for a in admitted):
+            cache.ready_to_load_host_cache()
+            self._sync()
+            cache.loading_check()
+        if self.verify:
+            for a in admitted:
+                self._check(a)
+        prefilled = []
+        for a in admitted:
+            L = a.r.input_length
+            have = len(a.req.kv)
+            need = -(-L // p) - have
+            pages = self._alloc(need, L - have * p + (p if p > 1 else 0)) if need > 0 else []
+            if pages is None:
+                res.oom_requests += 1
+                cache_finished_req(cache, a.req, insert=False)
+                continue
+            a.req.kv += pages
+            self._stamp(pages[: max(0, len(a.key) - have)], a.key, have)
+            cache_unfinished_req(cache, a.req)
+            self._sync()
+            cache.writing_check()
+            prefilled.append(a)
+        for a in prefilled:
+            self._finish(a)
+
+    def _finish(self, a: _Live) -> None:
+        cache, p, res, req = self.cache, self.p, self.result, a.req
+        L = a.r.input_length
+        total = L + max(1, a.r.output_length) - 1
+        need = -(-total // p) - len(req.kv)
+        if need > 0:
+            dev = self.ctrl.device
+            got = dev.alloc_pages(need) if dev.free_page_count() >= need else None
+            if got is None:
+                got = []
+                for _ in range(need):
+                    page = self._alloc(1, p)
+                    if page is None:
+                        break
+                    got += page
+            req.kv += got
+            if len(got) < need:
+                res.oom_requests += 1
+                cache_finished_req(cache, req, insert=False)
+                res.device_hit_tokens += a.dev_pages * p
+                res.host_hit_tokens += a.loaded_pages * p
+                return
+        if self.outputs == "cache":
+            full = total // p
+            n = len(a.key)
+            extra = full - n
+            if extra > 0:
+                start = self._uniq
+                self._uniq -= extra
+                req.key = PageKey((*a.key, *range(start - 1, start - 1 - extra, -1)))
+                self._stamp(req.kv[n:full], req.key, n)
+            cache_finished_req(cache, req, insert_pages=full)
+        else:
+            cache_finished_req(cache, req, insert_pages=L // p)
+        self._sync()
+        cache.writing_check()
+        res.device_hit_tokens += a.dev_pages * p
+        res.host_hit_tokens += a.loaded_pages * p
+
+    def finish(self) -> ReplayResult:
+        """Wait for the last copies and fill in the controller and cache counters."""
+        self._sync()
+        res, ctrl, st = self.result, self.ctrl, self.cache.stats
+        res.tokens_written = ctrl.tokens_written
+        res.tokens_loaded = ctrl.tokens_loaded
+        res.device_evicted_tokens = st.device_evicted_tokens
+        res.host_evicted_tokens = st.host_evicted_tokens
+        res.host_alloc_failures = ctrl.host_alloc_failures
+        res.load_back_failures = st.load_back_failures
+        return res
+
+
+__all__ = ["ReplayResult", "TraceReplayer", "TraceRequest", "trace_requests"]
