@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
-OURS = ("01_policy_what_if.ipynb", "02_trace_explorer.ipynb")
+OURS = ("01_policy_what_if.ipynb", "02_trace_explorer.ipynb", "03_calibration.ipynb")
 
 
 @pytest.mark.parametrize("name", OURS)
