@@ -71,10 +71,9 @@ def main() -> None:
 
         trace = read_trace(TRACE)
         cfg = load_config(None, [f"workload.rate_scale={args.rate_scale}"])
-        cProfile.runctx("run_simulation(cfg, trace, None, progress=False)", globals(),
-                        {"cfg": cfg, "trace": trace, "run_simulation": run_simulation},
-                        "/tmp/sim_run.prof")  # fmt: skip
-        pstats.Stats("/tmp/sim_run.prof").sort_stats("tottime").print_stats(15)
+        prof = cProfile.Profile()
+        prof.runcall(run_simulation, cfg, trace, None, progress=False)
+        pstats.Stats(prof).sort_stats("tottime").print_stats(15)
 
 
 if __name__ == "__main__":
