@@ -219,11 +219,10 @@ class Engine:
     def _admit(self, r: SimReq) -> None:
         r.arrival = self.env.now
         self._arrived += 1
-        p = self.sched.p
-        need = r.input_length + min(r.output_length, p.clip_max_new_tokens) + p.page_size
+        need = r.input_length + r.output_length + self.sched.p.page_size
         if need >= self.device.capacity_tokens:
-            # could never pass admission even with an empty cache: SGLang rejects requests longer
-            # than its KV pool at arrival; we record it as rejected (finish = -1) and move on
+            # its KV could never fit the pool, even alone with an empty cache: SGLang rejects
+            # requests longer than its KV pool at arrival; we record it as rejected (finish = -1)
             self.rejected += 1
             self._finished(r)
             return
