@@ -9,7 +9,7 @@ the lock it holds.
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from sim.policy.hiradix import HiRadixCache
 from sim.policy.radix import PageKey, TreeNode
@@ -24,7 +24,6 @@ class ReqKV:
     kv: list[int]
     last_node: TreeNode
     protected_pages: int = 0
-    extra: dict[str, object] = field(default_factory=dict)
 
 
 def admit(
