@@ -197,6 +197,38 @@ def multiturn(
     return _finish("multiturn", requests, block_size, params, OPEN_LOOP_NOTE if closed_loop else "")
 
 
+def _prefixed_requests(
+    rng: random.Random,
+    ids: _Ids,
+    pick: Callable[[], tuple[list[int], int]],
+    count: int,
+    suffix_length: int,
+    output_length: int,
+    jitter: float,
+    request_rate: float,
+    distribution: str,
+    block_size: int,
+) -> list[Request]:
+    """Open-loop requests whose prompt is a shared prefix (``pick()`` -> its blocks and length)
+    followed by a unique suffix; arrivals at ``request_rate``. The RNG is drawn in a fixed
+    order per request (pick, suffix, output, gap), so traces are deterministic for a seed."""
+    out: list[Request] = []
+    now = 0.0
+    for _ in range(count):
+        blocks, base = pick()
+        length = base + _length(rng, suffix_length, jitter, minimum=1)
+        out.append(
+            Request(
+                timestamp=now,
+                input_length=length,
+                output_length=_length(rng, output_length, jitter),
+                hash_ids=ids.for_length(blocks, length, block_size),
+            )
+        )
+        now += _gap_ms(rng, request_rate, distribution)
+    return out
+
+
 def shared_prefix(
     *,
     requests: int = 1000,
@@ -244,20 +276,15 @@ def shared_prefix(
     shared = [ids.fresh(prefix_length // block_size) for _ in range(prefixes)]
     cum_weights = list(itertools.accumulate(1.0 / (i + 1) ** zipf for i in range(prefixes)))
     choices = range(prefixes)
-    out: list[Request] = []
-    now = 0.0
-    for _ in range(requests):
+
+    def pick() -> tuple[list[int], int]:
         k = rng.choices(choices, cum_weights=cum_weights)[0]
-        length = prefix_length + _length(rng, suffix_length, jitter, minimum=1)
-        out.append(
-            Request(
-                timestamp=now,
-                input_length=length,
-                output_length=_length(rng, output_length, jitter),
-                hash_ids=ids.for_length(shared[k], length, block_size),
-            )
-        )
-        now += _gap_ms(rng, request_rate, distribution)
+        return shared[k], prefix_length
+
+    out = _prefixed_requests(
+        rng, ids, pick, requests, suffix_length, output_length, jitter, request_rate,
+        distribution, block_size,
+    )  # fmt: skip
     return _finish("shared-prefix", out, block_size, params, "")
 
 
@@ -304,19 +331,16 @@ def long_context_qa(
     doc_blocks = [ids.fresh(n // block_size) for n in doc_length]
     questions = [d for d in range(documents) for _ in range(questions_per_document)]
     rng.shuffle(questions)
-    out: list[Request] = []
-    now = 0.0
-    for d in questions:
-        length = doc_length[d] + _length(rng, question_length, jitter, minimum=1)
-        out.append(
-            Request(
-                timestamp=now,
-                input_length=length,
-                output_length=_length(rng, output_length, jitter),
-                hash_ids=ids.for_length(doc_blocks[d], length, block_size),
-            )
-        )
-        now += _gap_ms(rng, request_rate, distribution)
+    order = iter(questions)
+
+    def pick() -> tuple[list[int], int]:
+        d = next(order)
+        return doc_blocks[d], doc_length[d]
+
+    out = _prefixed_requests(
+        rng, ids, pick, len(questions), question_length, output_length, jitter, request_rate,
+        distribution, block_size,
+    )  # fmt: skip
     return _finish("long-context-qa", out, block_size, params, "")
 
 
