@@ -47,8 +47,15 @@ bench: $(VENV)/.dev
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache .hypothesis
 
-# bench + calibrate + a short trace replay in one go (replay/device_check.py): a few minutes on a
-# CUDA machine, seconds on CPU tensors elsewhere; everything lands under OUT (default below)
+# bench + calibrate + a short trace replay in one go (replay/device_check.py), results under
+# OUT. Where python3 already has a CUDA build of torch (a GPU server, a lent GPU machine with no
+# registry) it runs bench/device_check.sh with that python: the CUDA tests, then the check on the
+# GPU, a few minutes. Elsewhere it runs the same check on CPU tensors in the dev venv (seconds).
 .PHONY: device-check
-device-check: $(VENV)/.dev
-	$(BIN)/python -m replay.device_check --out $${OUT:-runs/device-check}
+device-check:
+	@if python3 -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then \
+	  bash bench/device_check.sh $${OUT:-runs/device-check}; \
+	else \
+	  $(MAKE) --no-print-directory $(VENV)/.dev && \
+	  $(BIN)/python -m replay.device_check --device cpu --out $${OUT:-runs/device-check}; \
+	fi

@@ -91,6 +91,16 @@ class BenchConfig:
     max_op_bytes: int = 256 * MiB
     # a fragmented direct op issuing more copies than this takes too long to be worth timing
     max_calls: int = 4096
+    # op pools span at least this many bytes per side, and each repeat of an op uses pages
+    # the previous ones did not touch: a replay's ops hit cold memory spread over large pools,
+    # and an op timed on the same few hot pages (in the CPU's last-level cache, or the GPU's
+    # L2) would be predicted too fast. ~4x a server CPU's L3 and 8x an H100/H200's L2.
+    op_pool_bytes: int = 512 * MiB
+    # before every timed op, write this much scratch memory on the host (and on the device):
+    # it evicts the CPU's last-level cache and the GPU's L2, where the previous repeat left the
+    # op's staging buffers and index tensors; in a replay, the work between two ops (policy,
+    # forward pass) has evicted them too. 0 turns it off.
+    flush_bytes: int = 64 * MiB
     repeats: int = 5
     warmup: int = 1
     gemm: bool = True
@@ -137,6 +147,7 @@ class BenchConfig:
             max_op_bytes=4 * MiB,
             repeats=3,
             gemm=False,
+            op_pool_bytes=128 * MiB,
         )
         return replace(base, **kw)
 
@@ -269,6 +280,40 @@ def _cpu_bidir(
     return res["d2h"], res["h2d"]
 
 
+def cache_flusher(rt: Runtime, nbytes: int) -> Callable[[], None]:
+    """A function that overwrites ``nbytes`` of host scratch memory (and, on CUDA, of device
+    scratch memory, ordered before the next op on both copy streams), evicting what the caches
+    hold (see ``BenchConfig.flush_bytes``); a no-op for ``nbytes`` 0."""
+    if nbytes <= 0:
+        return lambda: None
+    host = torch.empty(nbytes // 8, dtype=torch.int64)
+    dev = rt.device_empty((nbytes // 8,), torch.int64) if rt.kind == "cuda" else None
+    k = [0]
+
+    def flush() -> None:
+        k[0] += 1
+        host.fill_(k[0])
+        if dev is not None:
+            dev.fill_(k[0])  # on the default stream: CopyEngine ops begin() after it
+
+    return flush
+
+
+def op_pool_pages(cfg: BenchConfig, layers: int, span: int) -> int:
+    """Pages per side of the op pools at ``layers`` layers: at least ``span`` (the largest
+    op's page-id span) and at least ``cfg.op_pool_bytes`` (see :class:`BenchConfig`)."""
+    page = cfg.page_size * cfg.token_layer_bytes * layers
+    return max(span, -(-cfg.op_pool_bytes // page))
+
+
+def rotated(pages: list[int], span: int, pool_pages: int, i: int) -> list[int]:
+    """``pages`` (ids below ``span``) moved to the ``i``-th of the ``pool_pages // span`` disjoint
+    windows of the pool, round robin: consecutive repeats touch different memory."""
+    windows = max(1, pool_pages // span)
+    base = (i % windows) * span
+    return [p + base for p in pages]
+
+
 def fragmented_pages(n: int, run: int) -> tuple[list[int], list[int]]:
     """Device and host page lists of ``n`` pages in runs of ``run`` pages (0 or >= n:
     contiguous). Consecutive runs are ``run`` pages apart on both sides, so every run boundary
@@ -310,11 +355,12 @@ def op_rows(cfg: BenchConfig, rt: Runtime, rows: _Rows, log: Callable[[str], Non
     for backend in cfg.backends:
         layouts = ("layer_first",) if backend == "direct" else cfg.kernel_layouts
         combos += [(backend, layout) for layout in layouts]
+    flush = cache_flusher(rt, cfg.flush_bytes)
     for layers in cfg.op_layers:
         plan = _op_plan(cfg, layers)
         if not plan:
             continue
-        pages = max(2 * n + r for n, r in plan)
+        pages = op_pool_pages(cfg, layers, max(2 * n + r for n, r in plan))
         for layout in dict.fromkeys(lay for _, lay in combos):
             spec = PoolSpec(
                 layers, cfg.token_layer_bytes, cfg.page_size, pages, pages, layout, cfg.parts
@@ -329,12 +375,14 @@ def op_rows(cfg: BenchConfig, rt: Runtime, rows: _Rows, log: Callable[[str], Non
                 eng = CopyEngine(pools, rt, backend)
                 for n, r in plan:
                     dev, host = fragmented_pages(n, r)
+                    span = 2 * n + r
                     for direction in ("d2h", "h2d"):
                         issue = eng.d2h if direction == "d2h" else eng.h2d
                         times = []
                         calls = runs = 0
-                        for _ in range(cfg.warmup + cfg.repeats):
-                            t = issue(dev, host)
+                        for i in range(cfg.warmup + cfg.repeats):
+                            flush()
+                            t = issue(rotated(dev, span, pages, i), rotated(host, span, pages, i))
                             eng.wait(t)
                             assert t.duration_s is not None
                             times.append(t.duration_s)
@@ -514,9 +562,12 @@ __all__ = [
     "BenchConfig",
     "bench_table",
     "bidir_copy_times",
+    "cache_flusher",
     "fragmented_pages",
+    "op_pool_pages",
     "op_rows",
     "plain_copy_times",
+    "rotated",
     "run_bench",
     "write_bench",
 ]

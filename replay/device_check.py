@@ -14,20 +14,32 @@ is how the tests and CI prove it end to end. Everything goes under ``DIR``:
   the direct backend at >= 90 % of the plain-copy peak. On CPU the targets are reported but do
   not apply (they are GPU targets).
 
-Exit code 0 when the pipeline ran (whatever the figures), 2 for a user error (e.g. ``--device
-cuda`` without CUDA), 1 with ``--strict`` when a target is missed on CUDA.
+Each stage (bench, calibrate, each replay) is isolated: a failing one is recorded under
+``errors`` in the summary (traceback on stderr) and the others still run and write their
+files. ``--export DIR`` copies the summary, any measured profile and a ``.tar.gz`` of the whole
+folder into ``DIR`` (4 flat files, even after a failure): the shape a lent GPU machine's result
+folder can hand back (``bench/device_check.sh`` is that one prepared run).
+
+Exit code 0 when every stage ran (whatever the figures), 1 when a stage failed (or, with
+``--strict``, when a target is missed on CUDA), 2 for a user error (e.g. ``--device cuda``
+without CUDA, a missing package).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import shutil
 import sys
+import tarfile
 import time
-from collections.abc import Sequence
+import traceback
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+_T = TypeVar("_T")
 
 #: (name, limit, comparison) of the issue's targets
 TARGETS = {
@@ -110,11 +122,10 @@ def _check(
             )
     link = get_gpu(gpu).default_link
     print(f"device check on {rt.kind} ({info['gpu_name']}); profile for {gpu} + {link}")
-
-    # -- 1. bench ---------------------------------------------------------------------------
     if cuda:
-        # the full size range, fewer repeats and no pageable sweep: ~1-2 minutes on H100/H200
-        cfg = BenchConfig.for_model(model, page_size=64, repeats=5, pageable=False)
+        # the full size range, fewer repeats: ~1-2 minutes on H100/H200; the pageable plain
+        # copies cost seconds and answer "what does pinning buy"
+        cfg = BenchConfig.for_model(model, page_size=64, repeats=5)
         geometry: dict[str, Any] = {"page_size": 64}
         budgets = (4 << 30, 8 << 30)
         max_requests = max_requests or 200
@@ -128,83 +139,130 @@ def _check(
         }
         budgets = (16 << 20, 32 << 20)
         max_requests = max_requests or 120
-    t0 = time.perf_counter()
-    bench = run_bench(cfg, rt, lambda m: print(f"  {m}", flush=True))
-    bench_s = time.perf_counter() - t0
-    meta = write_bench(bench, cfg, rt, out / "bench", bench_s, model=model)
-    print(bench_table(bench))
-    print(f"bench: {len(bench)} rows in {bench_s:.1f} s")
+
+    # Each stage is isolated: on a GPU lent for a few minutes, a failure in one stage (say, the
+    # kernel backend's replay) must not cost the measurements of the others. A failed stage is
+    # recorded under "errors" (the traceback goes to stderr) and its figures stay NaN.
+    errors: dict[str, str] = {}
+    stage_s: dict[str, float] = {}
+
+    def stage(name: str, fn: Callable[[], _T]) -> _T | None:
+        t0 = time.perf_counter()
+        try:
+            return fn()
+        except Exception as e:  # recorded and reported; the next stage runs
+            traceback.print_exc()
+            errors[name] = f"{type(e).__name__}: {e}"
+            print(f"device check: stage {name} FAILED: {errors[name]}", flush=True)
+            return None
+        finally:
+            stage_s[name] = round(time.perf_counter() - t0, 3)
+            print(f"[{name}: {stage_s[name]:.1f} s]", flush=True)
+
+    # -- 1. bench ---------------------------------------------------------------------------
+    def do_bench() -> tuple[Any, dict[str, Any]]:
+        t0 = time.perf_counter()
+        df = run_bench(cfg, rt, lambda m: print(f"  {m}", flush=True))
+        meta = write_bench(df, cfg, rt, out / "bench", time.perf_counter() - t0, model=model)
+        print(bench_table(df))
+        print(f"bench: {len(df)} rows")
+        return df, meta
+
+    benched = stage("bench", do_bench)
 
     # -- 2. calibrate -----------------------------------------------------------------------
-    cal = calibrate(bench, meta, gpu=gpu, link=link, source=f"replay.device_check {out}")
-    save_profile(cal.profile, out / "profile.json")
-    if cuda:
-        save_profile(cal.profile, out / f"{gpu}-measured.json")
-    bench_err: dict[str, Any] = {}
-    all_err = []
-    for b, by_dir in cal.fits.items():
-        for d, fit in by_dir.items():
-            print(f"  fit {b:>6} {d}: {fit.describe()}")
-            rows = op_rows_for_fit(bench, b, d, None if b == "direct" else "page_first")
-            if rows.empty and b == "kernel":
-                rows = op_rows_for_fit(bench, b, d, None)
-            err = rel_errors(predict_ops(cal.profile, rows), rows.duration_s.to_numpy())
-            bench_err[f"{b}_{d}"] = error_stats(err)
-            all_err.append(err)
-    bench_err["all"] = error_stats(np.concatenate(all_err))
+    def do_calibrate() -> tuple[Any, dict[str, Any]]:
+        assert benched is not None
+        bench, meta = benched
+        cal = calibrate(bench, meta, gpu=gpu, link=link, source=f"replay.device_check {out}")
+        save_profile(cal.profile, out / "profile.json")
+        if cuda:
+            save_profile(cal.profile, out / f"{gpu}-measured.json")
+        err: dict[str, Any] = {}
+        all_err = []
+        for b, by_dir in cal.fits.items():
+            for d, fit in by_dir.items():
+                print(f"  fit {b:>6} {d}: {fit.describe()}")
+                rows = op_rows_for_fit(bench, b, d, None if b == "direct" else "page_first")
+                if rows.empty and b == "kernel":
+                    rows = op_rows_for_fit(bench, b, d, None)
+                e = rel_errors(predict_ops(cal.profile, rows), rows.duration_s.to_numpy())
+                err[f"{b}_{d}"] = error_stats(e)
+                all_err.append(e)
+        err["all"] = error_stats(np.concatenate(all_err))
+        return cal, err
+
+    calibrated = stage("calibrate", do_calibrate) if benched is not None else None
 
     # -- 3. replay --------------------------------------------------------------------------
-    cfg_sim = load_config(
-        None,
-        [
-            f"model.name={model}",
-            f"gpu.name={gpu}",
-            f"link.name={link}",
-            f"cache.page_size={geometry['page_size']}",
-        ],
-    )
     replays: dict[str, Any] = {}
-    for backend in ("direct", "kernel"):
-        settings = settings_from_config(
-            cfg_sim,
-            backend=backend,
-            layout="layer_first" if backend == "direct" else "page_first",
-            max_requests=max_requests,
-            device_budget_bytes=budgets[0],
-            host_budget_bytes=budgets[1],
-            num_layers=geometry.get("num_layers"),
-            token_layer_bytes=geometry.get("token_layer_bytes"),
-            peak_bytes=min(256 << 20, budgets[0] // 4),
+    if calibrated is not None:
+        cal = calibrated[0]
+        cfg_sim = load_config(
+            None,
+            [
+                f"model.name={model}",
+                f"gpu.name={gpu}",
+                f"link.name={link}",
+                f"cache.page_size={geometry['page_size']}",
+            ],
         )
-        if not cuda:
-            settings = replace(settings, verify=True, large_op_bytes=1 << 20)
-        print(f"replay ({backend}):")
-        s = run_replay(
-            trace,
-            settings,
-            rt,
-            cal.profile,
-            profile_path=str(out / "profile.json"),
-            out=out / f"replay-{backend}",
-            log=lambda m: print(f"  {m}", flush=True),
-        )
-        print(format_summary(s))
-        replays[backend] = s
+        for backend in ("direct", "kernel"):
+            settings = settings_from_config(
+                cfg_sim,
+                backend=backend,
+                layout="layer_first" if backend == "direct" else "page_first",
+                max_requests=max_requests,
+                device_budget_bytes=budgets[0],
+                host_budget_bytes=budgets[1],
+                num_layers=geometry.get("num_layers"),
+                token_layer_bytes=geometry.get("token_layer_bytes"),
+                peak_bytes=min(256 << 20, budgets[0] // 4),
+            )
+            if not cuda:
+                settings = replace(settings, verify=True, large_op_bytes=1 << 20)
+
+            def do_replay(backend: str = backend, settings: Any = settings) -> dict[str, Any]:
+                print(f"replay ({backend}):")
+                s = run_replay(
+                    trace,
+                    settings,
+                    rt,
+                    cal.profile,
+                    profile_path=str(out / "profile.json"),
+                    out=out / f"replay-{backend}",
+                    log=lambda m: print(f"  {m}", flush=True),
+                )
+                print(format_summary(s))
+                return s
+
+            r = stage(f"replay-{backend}", do_replay)
+            if r is not None:
+                replays[backend] = r
 
     # -- 4. targets -------------------------------------------------------------------------
+    nan = float("nan")
+    bench_err: dict[str, Any] = calibrated[1] if calibrated is not None else {}
     figures = {
-        "bench_median_err": bench_err["all"]["median"],
+        "bench_median_err": bench_err.get("all", {}).get("median", nan),
+        # the worse backend; a backend whose replay failed counts as missed
         "replay_median_err": max(
-            r.get("error", {}).get("all", {}).get("median", float("nan")) for r in replays.values()
+            (
+                replays[b].get("error", {}).get("all", {}).get("median", nan)
+                if b in replays
+                else nan
+                for b in ("direct", "kernel")
+            ),
+            key=lambda v: math.inf if math.isnan(v) else v,
         ),
         # contiguous large ops of the direct backend: plain copies, the ones that can
         # reach the peak (fragmented ones pay per-run costs by design)
         "large_op_fraction_of_peak": min(
             (
                 v["fraction_of_peak"]
-                for v in replays["direct"].get("large_contiguous_ops", {}).values()
+                for v in replays.get("direct", {}).get("large_contiguous_ops", {}).values()
             ),
-            default=float("nan"),
+            default=nan,
         ),
     }
     checks = {
@@ -222,12 +280,16 @@ def _check(
         "gpu_preset": gpu,
         "link": link,
         "profile": str(out / "profile.json"),
-        "profile_measured": cal.profile.measured,
-        "bench_rows": len(bench),
-        "bench_s": bench_s,
+        "profile_measured": bool(calibrated is not None and calibrated[0].profile.measured),
+        "bench_rows": len(benched[0]) if benched is not None else 0,
+        "bench_s": stage_s.get("bench", nan),
         "bench_error": bench_err,
-        "fits": {b: {d: f.describe() for d, f in by.items()} for b, by in cal.fits.items()},
-        "eta": {d: e[0] for d, e in cal.eta.items()},
+        "fits": (
+            {b: {d: f.describe() for d, f in by.items()} for b, by in calibrated[0].fits.items()}
+            if calibrated is not None
+            else {}
+        ),
+        "eta": {d: e[0] for d, e in calibrated[0].eta.items()} if calibrated is not None else {},
         "replay": {
             b: {
                 "error": r.get("error"),
@@ -240,6 +302,8 @@ def _check(
         },
         "targets": checks,
         "targets_apply": cuda,
+        "stage_s": stage_s,
+        "errors": errors,
         "wall_s": time.perf_counter() - t_all,
     }
     write_json(summary, out / "summary.json")
@@ -267,6 +331,11 @@ def format_check(s: dict[str, Any]) -> str:
         )
     if not s["targets_apply"]:
         lines += ["", "CPU run: these are GPU targets; the figures only show the pipeline works."]
+    if s.get("errors"):
+        lines += ["", "FAILED stages (their figures are NaN; tracebacks on stderr):"]
+        lines += [f"- {k}: {v}" for k, v in s["errors"].items()]
+    if s.get("stage_s"):
+        lines += ["", "stages: " + ", ".join(f"{k} {v:.1f} s" for k, v in s["stage_s"].items())]
     lines += ["", "bench op prediction |rel err| (median / p90):"]
     for k, e in s["bench_error"].items():
         lines.append(f"- {k}: {e['median']:.1%} / {e['p90']:.1%} (n={e['n']})")
@@ -288,7 +357,7 @@ def format_check(s: dict[str, Any]) -> str:
     for b, by in s["fits"].items():
         for d, text in by.items():
             lines.append(f"- {b} {d}: {text}")
-    if s["device"] == "cuda":
+    if s["device"] == "cuda" and "calibrate" not in s.get("errors", {}):
         gpu = s["gpu_preset"]
         lines += [
             "",
@@ -296,6 +365,39 @@ def format_check(s: dict[str, Any]) -> str:
             f"sim/profiles/{gpu}-measured.json",
         ]
     return "\n".join(lines)
+
+
+#: the archive of the whole check that ``--export`` writes
+ARCHIVE = "device-check.tar.gz"
+
+
+def export(out: Path, dest: Path) -> list[Path]:
+    """Copy what a reader needs at once (``summary.md``, ``summary.json``, a measured profile)
+    and a gzipped tar of all of ``out`` into ``dest``; returns the files written.
+
+    At most 4 flat files named in letters, digits, ``.``, ``_`` and ``-``: what a lent GPU
+    machine's result folder hands back (8 files, 2 folders deep), whatever the check wrote."""
+    dest.mkdir(parents=True, exist_ok=True)
+    written = []
+    names = ["summary.md", "summary.json", *sorted(p.name for p in out.glob("*-measured.json"))]
+    for name in names:
+        if (out / name).is_file():
+            shutil.copyfile(out / name, dest / name)
+            written.append(dest / name)
+    archive = dest / ARCHIVE
+    tmp = dest / f".{ARCHIVE}.tmp"
+    with tarfile.open(tmp, "w:gz") as tar:
+        tar.add(out, arcname=out.resolve().name or "device-check")
+    tmp.replace(archive)
+    written.append(archive)
+    return written
+
+
+def _missing_packages() -> list[str]:
+    import importlib.util
+
+    # torch is checked on its own (it has its own message); parquet needs pyarrow
+    return [m for m in ("numpy", "pandas", "pyarrow") if importlib.util.find_spec(m) is None]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -318,7 +420,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--gpu", help="sim.hardware GPU preset of the profile (default: detected)")
     p.add_argument("--force", action="store_true", help="replace any non-empty --out")
     p.add_argument("--strict", action="store_true", help="exit 1 when a CUDA target is missed")
+    p.add_argument(
+        "--export",
+        type=Path,
+        help=f"also copy summary.md, summary.json, any measured profile and {ARCHIVE} (all of "
+        "--out) into this folder, even when a stage fails",
+    )
     args = p.parse_args(argv)
+    missing = _missing_packages()
+    if missing:
+        print(
+            f"device_check: missing Python packages: {', '.join(missing)} "
+            "(pip install -e '.[replay]')",
+            file=sys.stderr,
+        )
+        return 2
     try:
         import torch  # noqa: F401
     except ImportError:
@@ -335,6 +451,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"device_check: {e}", file=sys.stderr)
         return 2
     out: Path = args.out
+    if args.export is not None:
+        ex = args.export.resolve()
+        if ex == out.resolve() or out.resolve() in ex.parents:
+            print(f"device_check: --export {ex} must lie outside --out {out}", file=sys.stderr)
+            return 2
     if out.exists() and not out.is_dir():
         print(f"device_check: {out} exists and is not a directory", file=sys.stderr)
         return 2
@@ -353,6 +474,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as e:
         print(f"device_check: {e}", file=sys.stderr)
         return 2
+    finally:
+        if args.export is not None:
+            for f in export(out, args.export):
+                print(f"exported {f}")
+    if s["errors"]:
+        return 1
     if args.strict and s["targets_apply"] and not all(c["met"] for c in s["targets"].values()):
         return 1
     return 0

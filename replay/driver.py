@@ -25,7 +25,7 @@ request): a test that the copies move the right bytes to the right pages in both
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -116,6 +116,7 @@ class TraceReplayer:
         outputs: str = "cache",
         load_back_threshold: int = 10,
         verify: bool = False,
+        forward: Callable[[], None] | None = None,
     ) -> None:
         if outputs not in ("cache", "skip"):
             raise ValueError(f"outputs must be cache or skip, got {outputs!r}")
@@ -129,6 +130,9 @@ class TraceReplayer:
         self.p = ctrl.page_size
         self.outputs = outputs
         self.verify = verify
+        # stands in for a forward pass's effect on the caches (the replay does not run the
+        # model): called before a batch's loads and before its writes
+        self._forward = forward or (lambda: None)
         self.result = ReplayResult()
         self._uniq = 0  # next unique (negative) symbol for output pages, as sim.hitrate
 
@@ -204,6 +208,7 @@ class TraceReplayer:
         """Steps 1 (the merged load) to 3 for a batch of admitted requests."""
         cache, p, res = self.cache, self.p, self.result
         res.batches += 1
+        self._forward()  # the previous batch's forward pass
         if any(a.loaded_pages for a in admitted):
             cache.ready_to_load_host_cache()
             self._sync()
@@ -211,6 +216,7 @@ class TraceReplayer:
         if self.verify:
             for a in admitted:
                 self._check(a)
+        self._forward()  # this batch's prefill, which produces the KV its writes copy
         prefilled = []
         for a in admitted:
             L = a.r.input_length

@@ -67,6 +67,11 @@ class ReplaySettings:
     peak_bytes: int = 256 * MiB
     large_op_bytes: int = 64 * MiB
     """Ops at least this large count as "large" for the bandwidth-vs-peak figure."""
+    flush_bytes: int = 64 * MiB
+    """Scratch memory overwritten where a forward pass would run (before a batch's loads and
+    before its writes), so ops find the caches as a served batch leaves them, not warm with the
+    previous op's buffers: the replay does not execute the model. Same meaning as
+    ``BenchConfig.flush_bytes``, which the calibration bench uses; 0 turns it off."""
     warmup_pages: int | None = None
     """Untimed ops of 1, 2, 4, ... up to this many pages first, so no timed op pays a first
     staging allocation; None = the largest op possible (the smaller pool), 0 = none."""
@@ -230,7 +235,7 @@ def run_replay(
 ) -> dict[str, Any]:
     """Replay ``trace`` (see the module docstring); write ``out`` (``ops.parquet``/``.csv``,
     ``summary.json``, ``config.json``) if given; return the summary."""
-    from replay.bench import plain_copy_times
+    from replay.bench import cache_flusher, plain_copy_times
     from replay.outputs import write_json, write_table
 
     say = log or (lambda _msg: None)
@@ -283,6 +288,7 @@ def run_replay(
         outputs=settings.outputs,
         load_back_threshold=settings.load_back_threshold,
         verify=settings.verify,
+        forward=cache_flusher(runtime, settings.flush_bytes),
     )
     t_replay = time.perf_counter()
     say(f"replaying {len(reqs)} requests ({settings.backend} IO)")

@@ -2,22 +2,28 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
+import replay.bench as bench_mod
 from replay.bench import (
     COLUMNS,
     BenchConfig,
     bench_table,
     fragmented_pages,
+    op_pool_pages,
+    op_rows,
+    rotated,
     run_bench,
     write_bench,
 )
 from replay.calibrate import calibrate, load_bench
 from replay.pools import count_runs
 from replay.runtime import CpuRuntime
+from replay.transfer import CopyEngine
 
 KiB = 1024
 
@@ -91,3 +97,79 @@ def test_config_validation_and_presets() -> None:
     cfg = BenchConfig.for_model("qwen3-8b", page_size=32)
     assert (cfg.token_layer_bytes, cfg.op_layers, cfg.page_size) == (4096, (1, 36), 32)
     assert BenchConfig.for_model("deepseek-v3").parts == 1
+
+
+@pytest.mark.parametrize(("span", "pool"), [(3, 3), (3, 10), (8, 64), (80, 64)])
+def test_rotated_windows_are_disjoint_and_inside_the_pool(span: int, pool: int) -> None:
+    pages = list(range(span))
+    pool = max(pool, span)  # op_pool_pages never gives less than the span
+    windows = pool // span
+    seen: list[set[int]] = []
+    for i in range(2 * windows + 1):
+        got = rotated(pages, span, pool, i)
+        assert sorted(got) == got and got[-1] - got[0] == span - 1  # a shifted copy
+        assert min(got) >= 0 and max(got) < pool
+        seen.append(set(got))
+    # consecutive repeats share no page while the pool holds two windows; then round robin
+    for a, b in itertools.pairwise(seen):
+        assert (a == b) if windows == 1 else not (a & b)
+    assert seen[windows] == seen[0]
+
+
+def test_op_pool_pages_spans_the_asked_bytes() -> None:
+    cfg = BenchConfig.quick(op_pool_bytes=1 << 20, page_size=16, token_layer_bytes=1024)
+    page = 16 * 1024 * 4  # bytes of one page at 4 layers, one side
+    assert op_pool_pages(cfg, 4, 3) == (1 << 20) // page
+    assert op_pool_pages(cfg, 4, 1000) == 1000  # never less than the largest op's span
+    assert op_pool_pages(BenchConfig.quick(op_pool_bytes=0), 4, 7) == 7
+
+
+def test_op_repeats_touch_fresh_pages_after_a_cache_flush(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every op (warm-up included) follows a flush, and repeats of one shape use disjoint pages:
+    a repeat timed on the pages the previous one left in the caches would be too fast."""
+    events: list[tuple[str, tuple[int, ...]]] = []
+    real_flusher = bench_mod.cache_flusher
+
+    def counting_flusher(rt: CpuRuntime, nbytes: int) -> object:
+        assert nbytes == cfg.flush_bytes
+        inner = real_flusher(rt, nbytes)
+
+        def flush() -> None:
+            events.append(("flush", ()))
+            inner()
+
+        return flush
+
+    def spy(name: str) -> object:
+        real = getattr(CopyEngine, name)
+
+        def issue(self: CopyEngine, dev: list[int], host: list[int]) -> object:
+            events.append((name, tuple(dev)))
+            return real(self, dev, host)
+
+        return issue
+
+    cfg = BenchConfig.quick(
+        backends=("direct",),
+        op_layers=(1,),
+        op_pages=(4,),
+        run_pages=(0, 1),
+        repeats=3,
+        op_pool_bytes=1 << 20,
+        flush_bytes=1 << 16,
+    )
+    monkeypatch.setattr(bench_mod, "cache_flusher", counting_flusher)
+    monkeypatch.setattr(CopyEngine, "d2h", spy("d2h"))
+    monkeypatch.setattr(CopyEngine, "h2d", spy("h2d"))
+    rows = bench_mod._Rows()
+    op_rows(cfg, CpuRuntime(), rows, lambda _m: None)
+    ops = [e for e in events if e[0] != "flush"]
+    assert len(ops) == 2 * 2 * (cfg.warmup + cfg.repeats)  # 2 shapes x 2 directions
+    for i, e in enumerate(events):
+        if e[0] != "flush":
+            assert events[i - 1][0] == "flush", f"op {i} was not preceded by a flush"
+    per_shape = cfg.warmup + cfg.repeats
+    for k in range(0, len(ops), per_shape):
+        pages = [set(p) for _, p in ops[k : k + per_shape]]
+        for a, b in itertools.pairwise(pages):
+            assert not (a & b)

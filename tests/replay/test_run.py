@@ -102,6 +102,37 @@ def test_batched_replay_moves_the_right_bytes(trace: Trace, layout: str, backend
     rp.cache.check_invariants()
 
 
+def test_a_forward_pass_stand_in_runs_before_each_batch_s_loads_and_writes(trace: Trace) -> None:
+    """The replay does not run the model; ``forward`` stands in for its effect on the caches
+    (ReplaySettings.flush_bytes). It must run before a batch's loads and again before the
+    batch's writes, or the ops are timed with the previous op's buffers still cached."""
+    rp = _replayer("layer_first", "direct")
+    events: list[str] = []
+    rp._forward = lambda: events.append("forward")
+    eng = rp.ctrl.engine
+    assert eng is not None
+    for name in ("d2h", "h2d"):
+        real = getattr(eng, name)
+
+        def issue(dev: Sequence[int], host: Sequence[int], real=real, name=name) -> Transfer:  # type: ignore[no-untyped-def]
+            events.append(name)
+            return real(dev, host)
+
+        setattr(eng, name, issue)
+    res = rp.run(trace_requests(trace, PAGE, 60), max_tokens=8192, max_requests=4)
+    assert events.count("forward") == 2 * res.batches
+    assert "h2d" in events and "d2h" in events
+    # every op follows a forward, with only ops of the same direction in between: loads run
+    # between the first forward of a batch and the second, writes after the second
+    last = None
+    for e in events:
+        if e == "forward":
+            last = None
+        else:
+            assert last in (None, e), f"a {e} op followed a {last} op with no forward pass between"
+            last = e
+
+
 def test_verification_catches_a_wrong_copy(trace: Trace) -> None:
     rp = _replayer("page_first", "kernel")
     reqs = trace_requests(trace, PAGE, 120)
