@@ -12,14 +12,16 @@ Four sweeps, each row one timed repeat (after ``warmup`` untimed ones):
   page geometry, for each backend (and host layout), contiguous and fragmented into runs of 1, 4,
   16, 64 pages, with 1 layer (small ops, down to one page) and optionally the model's layer
   count (the shape of real HiCache ops).
-* ``gemm`` / ``hbm`` (CUDA only): a bf16 GEMM of the model's hidden size and a large
-  device-to-device copy, for the compute constants (``mfu``, ``decode_hbm_efficiency``).
+* ``gemm`` / ``hbm`` (CUDA only): one layer's linear GEMMs in the model's shapes (QKV, O,
+  gate+up, down; :func:`model_gemm_shapes`) in bf16 and a large device-to-device copy, for the
+  compute constants (``mfu``, ``decode_hbm_efficiency``).
 
 Row columns: ``kind, backend, direction, host_memory, layout, bytes, pages, run_pages, runs,
 layers, n_alpha, n_gamma, calls, flops, repeat, duration_s``. ``n_alpha`` / ``n_gamma`` are how
 many times the latency model charges ``alpha`` / ``gamma`` for the row (``sim.latency``:
 ``write_op_time`` charges alpha once and gamma per run and layer, ``load_op_time`` alpha per
-layer), so the fit is one least-squares problem on ``[n_alpha, n_gamma, bytes]``.
+layer), so the fit is one least-squares problem on ``[n_alpha, n_gamma, bytes]``. On ``gemm``
+rows, ``layout`` names the GEMM (``qkv``, ``o``, ``gate_up``, ``down``).
 
 On the CPU (no CUDA) everything runs on plain tensors: there is no pinned memory (one
 ``pageable`` sweep), ``bidir`` runs the two directions in two threads, and there is no GEMM row.
@@ -38,6 +40,7 @@ from typing import Any
 import pandas as pd
 import torch
 
+from replay.calibrate import gemm_rate
 from replay.outputs import write_json, write_table
 from replay.pools import KVPools, PoolSpec
 from replay.runtime import Runtime
@@ -104,9 +107,15 @@ class BenchConfig:
     repeats: int = 5
     warmup: int = 1
     gemm: bool = True
-    # GEMM shape (CUDA only): tokens x hidden times hidden x 4*hidden, Llama-3-8B's hidden
+    # one transformer layer's linear GEMMs (CUDA only), each ``(name, k, n)`` timed as
+    # ``(gemm_tokens x k) @ (k x n)`` in bf16; default Llama-3-8B's (see model_gemm_shapes)
     gemm_tokens: int = 4096
-    gemm_hidden: int = 4096
+    gemm_shapes: tuple[tuple[str, int, int], ...] = (
+        ("qkv", 4096, 6144),
+        ("o", 4096, 4096),
+        ("gate_up", 4096, 28672),
+        ("down", 14336, 4096),
+    )
     hbm_bytes: int = 1024 * MiB
 
     def __post_init__(self) -> None:
@@ -129,7 +138,7 @@ class BenchConfig:
             token_layer_bytes=tlb,
             parts=1 if m.mla else 2,
             op_layers=(1, m.num_layers),
-            gemm_hidden=m.hidden_size,
+            gemm_shapes=model_gemm_shapes(model, tp),
         )
         return replace(base, **kw)
 
@@ -150,6 +159,34 @@ class BenchConfig:
             op_pool_bytes=128 * MiB,
         )
         return replace(base, **kw)
+
+
+def model_gemm_shapes(model: str, tp: int = 1) -> tuple[tuple[str, int, int], ...]:
+    """One layer's linear GEMMs on one tensor-parallel rank, ``(name, k, n)``: the QKV
+    projection ``hidden -> (heads + 2 kv_heads) head_dim``, the output projection, and a SwiGLU
+    MLP (``gate_up`` ``hidden -> 2 I``, ``down`` ``I -> hidden``) whose width ``I`` makes the
+    layer's weights add up to the preset's ``body_active_params / layers`` (14,336 for
+    Llama-3-8B, as its config says). Column-parallel GEMMs split ``n`` by ``tp``, row-parallel
+    ones ``k``. The FLOPs these shapes do per token are what ``sim.latency`` charges as the
+    linear part of prefill, so their measured rate is its ``mfu``.
+
+    MoE and MLA presets get the same dense shapes with the active weights (an approximation:
+    their experts run as several smaller GEMMs, and MLA projects through a latent)."""
+    from sim.hardware import get_model
+
+    m = get_model(model)
+    if tp < 1:
+        raise ValueError(f"tp must be >= 1, got {tp}")
+    h = m.hidden_size
+    qkv = (
+        (m.num_attention_heads + m.num_kv_heads) * m.head_dim + m.num_kv_heads * m.v_head_dim
+    ) // tp
+    o = m.num_attention_heads * m.v_head_dim // tp
+    per_layer = m.body_active_params / m.num_layers / tp
+    mlp = per_layer - h * qkv - o * h
+    # 3 matrices of h x I; round I to 128 as model widths are
+    width = max(128, round(mlp / (3 * h) / 128) * 128)
+    return (("qkv", h, qkv), ("o", o, h), ("gate_up", h, 2 * width), ("down", width, h))
 
 
 @dataclass
@@ -190,15 +227,27 @@ def _timed(rt: Runtime, stream: str, fn: Callable[[], None]) -> float:
 
 
 def plain_copy_times(
-    rt: Runtime, nbytes: int, direction: str, pinned: bool, repeats: int, warmup: int = 1
+    rt: Runtime,
+    nbytes: int,
+    direction: str,
+    pinned: bool,
+    repeats: int,
+    warmup: int = 1,
+    buffers: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> list[float]:
     """Seconds of ``repeats`` single copies of ``nbytes`` in ``direction`` (``d2h``/``h2d``)
-    between a device tensor and a host tensor (pinned if asked and possible)."""
-    n = nbytes // 8
-    dev = rt.device_empty((n,), torch.int64)
-    host = rt.host_empty((n,), torch.int64, pinned=pinned)
-    dev.zero_()
-    host.zero_()
+    between a device tensor and a host tensor (pinned if asked and possible). ``buffers``:
+    an existing ``(device, host)`` pair of contiguous tensors to copy between instead (the
+    first ``nbytes`` of each; their contents are overwritten), so a peak is measured on the
+    very memory the ops use (a registered host pool, say, rather than a fresh allocation)."""
+    if buffers is None:
+        n = nbytes // 8
+        dev = rt.device_empty((n,), torch.int64)
+        host = rt.host_empty((n,), torch.int64, pinned=pinned)
+        dev.zero_()
+        host.zero_()
+    else:
+        dev, host = (_bytes_of(t, nbytes) for t in buffers)
     dst, src = (host, dev) if direction == "d2h" else (dev, host)
 
     def copy() -> None:
@@ -206,6 +255,16 @@ def plain_copy_times(
 
     out = [_timed(rt, direction, copy) for _ in range(warmup + repeats)]
     return out[warmup:]
+
+
+def _bytes_of(t: torch.Tensor, nbytes: int) -> torch.Tensor:
+    """The first ``nbytes`` of contiguous ``t`` as a flat uint8 view."""
+    if not t.is_contiguous():
+        raise ValueError("copy buffers must be contiguous")
+    flat = t.view(-1).view(torch.uint8)
+    if flat.numel() < nbytes:
+        raise ValueError(f"a {flat.numel():,}-byte buffer cannot hold a {nbytes:,}-byte copy")
+    return flat[:nbytes]
 
 
 def bidir_copy_times(
@@ -282,8 +341,8 @@ def _cpu_bidir(
 
 def cache_flusher(rt: Runtime, nbytes: int) -> Callable[[], None]:
     """A function that overwrites ``nbytes`` of host scratch memory (and, on CUDA, of device
-    scratch memory, ordered before the next op on both copy streams), evicting what the caches
-    hold (see ``BenchConfig.flush_bytes``); a no-op for ``nbytes`` 0."""
+    scratch memory) and waits for the device, evicting what the caches hold (see
+    ``BenchConfig.flush_bytes``); a no-op for ``nbytes`` 0."""
     if nbytes <= 0:
         return lambda: None
     host = torch.empty(nbytes // 8, dtype=torch.int64)
@@ -294,7 +353,11 @@ def cache_flusher(rt: Runtime, nbytes: int) -> Callable[[], None]:
         k[0] += 1
         host.fill_(k[0])
         if dev is not None:
-            dev.fill_(k[0])  # on the default stream: CopyEngine ops begin() after it
+            dev.fill_(k[0])
+        # wait for the device fill: an op then starts on idle streams, its start mark stamped
+        # when it is issued (as in a replay, which synchronizes between ops), not when a fill
+        # still queued ahead of it ends, which would hide its CPU-side issue work
+        rt.synchronize()
 
     return flush
 
@@ -409,22 +472,30 @@ def op_rows(cfg: BenchConfig, rt: Runtime, rows: _Rows, log: Callable[[str], Non
 
 
 def compute_rows(cfg: BenchConfig, rt: Runtime, rows: _Rows) -> None:
-    """CUDA only: a bf16 GEMM (``mfu``) and a large device copy (HBM bandwidth)."""
-    m, k = cfg.gemm_tokens, cfg.gemm_hidden
-    n = 4 * k
-    mats = [
-        torch.randn(m, k, dtype=torch.bfloat16, device=rt.device),
-        torch.randn(k, n, dtype=torch.bfloat16, device=rt.device),
-    ]
+    """A layer's linear GEMMs in bf16 (``mfu``; a row per GEMM and repeat, its name in the
+    ``layout`` column) and a large device-to-device copy (HBM bandwidth). :func:`run_bench`
+    runs these on CUDA only; on CPU tensors they work but say nothing about a GPU."""
+    m = cfg.gemm_tokens
+    for name, k, n in cfg.gemm_shapes:
+        a = torch.randn(m, k, dtype=torch.bfloat16, device=rt.device)
+        b = torch.randn(k, n, dtype=torch.bfloat16, device=rt.device)
+        c = torch.empty(m, n, dtype=torch.bfloat16, device=rt.device)
 
-    def gemm() -> None:
-        torch.mm(mats[0], mats[1])
+        def gemm(a: torch.Tensor = a, b: torch.Tensor = b, c: torch.Tensor = c) -> None:
+            torch.mm(a, b, out=c)
 
-    times = [_timed(rt, "h2d", gemm) for _ in range(cfg.warmup + cfg.repeats)]
-    rows.add(
-        times[cfg.warmup :], kind="gemm", backend="gemm", flops=2.0 * m * n * k, n_alpha=0, calls=0
-    )
-    mats.clear()
+        # randn ran on the default stream: order the timed stream after it
+        times = [_timed(rt, "h2d", gemm) for _ in range(cfg.warmup + cfg.repeats)]
+        rows.add(
+            times[cfg.warmup :],
+            kind="gemm",
+            backend="gemm",
+            layout=name,
+            flops=2.0 * m * n * k,
+            n_alpha=0,
+            calls=0,
+        )
+        del a, b, c
     x = rt.device_empty((cfg.hbm_bytes // 8,), torch.int64).zero_()
     y = torch.empty_like(x)
 
@@ -540,12 +611,17 @@ def bench_table(df: pd.DataFrame) -> str:
                 f"  {b:>6} {lay:>11} {d} L={int(nl):<3} {_size(int(big['bytes'].max())):>9}"
                 f"  {by_run}"
             )
-    for kind, unit in (("gemm", "TFLOP/s"), ("hbm", "GB/s")):
-        sel = df[df.kind == kind]
-        if len(sel):
-            t = sel.duration_s.median()
-            v = sel.flops.iloc[0] / t / 1e12 if kind == "gemm" else sel["bytes"].iloc[0] / t / 1e9
-            lines.append(f"{kind}: {v:.1f} {unit}")
+    g = df[df.kind == "gemm"]
+    if len(g):
+        per = g.groupby("layout", sort=False).agg(
+            flops=("flops", "first"), t=("duration_s", "median")
+        )
+        each = ", ".join(f"{n} {r.flops / r.t / 1e12:.0f}" for n, r in per.iterrows())
+        rate = gemm_rate(df) / 1e12
+        lines.append(f"gemm (one layer's linear GEMMs): {rate:.1f} TFLOP/s ({each})")
+    hbm = df[df.kind == "hbm"]
+    if len(hbm):
+        lines.append(f"hbm: {hbm['bytes'].iloc[0] / hbm.duration_s.median() / 1e9:.1f} GB/s")
     return "\n".join(lines)
 
 
@@ -563,7 +639,9 @@ __all__ = [
     "bench_table",
     "bidir_copy_times",
     "cache_flusher",
+    "compute_rows",
     "fragmented_pages",
+    "model_gemm_shapes",
     "op_pool_pages",
     "op_rows",
     "plain_copy_times",

@@ -218,6 +218,17 @@ def _default_compute(gpu: str, link: str) -> tuple[Profile, str]:
     return load_profile(fallback, "h100-sxm", "pcie5-x16"), fallback.name
 
 
+def gemm_rate(df: pd.DataFrame) -> float:
+    """Achieved FLOP/s of the ``gemm`` rows as one layer runs them: the FLOPs of one of each
+    GEMM over the sum of their median times (the big MLP GEMMs weigh in as they do in a
+    layer). NaN without GEMM rows."""
+    g = df[df.kind == "gemm"]
+    if g.empty:
+        return float("nan")
+    per = g.groupby("layout").agg(flops=("flops", "first"), t=("duration_s", "median"))
+    return float(per.flops.sum() / per.t.sum())
+
+
 def calibrate(
     bench: pd.DataFrame,
     meta: dict[str, Any],
@@ -277,11 +288,12 @@ def calibrate(
     measured_compute = []
     gemm = bench[bench.kind == "gemm"]
     if device == "cuda" and len(gemm):
-        rate = float((gemm.flops / gemm.duration_s).median())
+        rate = gemm_rate(bench)
         compute["mfu"] = min(1.0, rate / gpu_spec.peak_flops_bf16)
+        names = ", ".join(str(n) for n in dict.fromkeys(gemm.layout))
         measured_compute.append(
-            f"mfu {compute['mfu']:.3f} = bf16 GEMM {rate / 1e12:.1f} TFLOP/s / peak "
-            f"{gpu_spec.peak_flops_bf16 / 1e12:.0f}"
+            f"mfu {compute['mfu']:.3f} = one layer's bf16 linear GEMMs ({names}) at "
+            f"{rate / 1e12:.1f} TFLOP/s / peak {gpu_spec.peak_flops_bf16 / 1e12:.0f}"
         )
     hbm = bench[bench.kind == "hbm"]
     if device == "cuda" and len(hbm):
@@ -401,6 +413,7 @@ __all__ = [
     "error_stats",
     "fit_eta",
     "fit_link",
+    "gemm_rate",
     "load_bench",
     "medians",
     "op_rows_for_fit",

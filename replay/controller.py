@@ -54,6 +54,7 @@ class OpRecord:
     issue_s: float
     duration_s: float
     host_s: float
+    issue_cpu_s: float
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -189,6 +190,7 @@ class TorchController(BaseController):
                 issue_s=t.issue_s - self.t0,
                 duration_s=t.duration_s,
                 host_s=t.host_s,
+                issue_cpu_s=t.issue_cpu_s,
             )
         )
 

@@ -131,7 +131,8 @@ class TraceReplayer:
         self.outputs = outputs
         self.verify = verify
         # stands in for a forward pass's effect on the caches (the replay does not run the
-        # model): called before a batch's loads and before its writes
+        # model): called before a batch's loads, before its prefill writes and before the
+        # writes at its requests' finish
         self._forward = forward or (lambda: None)
         self.result = ReplayResult()
         self._uniq = 0  # next unique (negative) symbol for output pages, as sim.hitrate
@@ -233,6 +234,8 @@ class TraceReplayer:
             self._sync()
             cache.writing_check()
             prefilled.append(a)
+        if prefilled:
+            self._forward()  # the decode steps between a request's prefill and its finish
         for a in prefilled:
             self._finish(a)
 

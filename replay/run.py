@@ -68,13 +68,15 @@ class ReplaySettings:
     large_op_bytes: int = 64 * MiB
     """Ops at least this large count as "large" for the bandwidth-vs-peak figure."""
     flush_bytes: int = 64 * MiB
-    """Scratch memory overwritten where a forward pass would run (before a batch's loads and
-    before its writes), so ops find the caches as a served batch leaves them, not warm with the
-    previous op's buffers: the replay does not execute the model. Same meaning as
-    ``BenchConfig.flush_bytes``, which the calibration bench uses; 0 turns it off."""
+    """Scratch memory overwritten where a forward pass would run (before a batch's loads, its
+    prefill writes and its finish writes), so ops find the caches as a served batch leaves
+    them, not warm with the previous op's buffers: the replay does not execute the model.
+    Same meaning as ``BenchConfig.flush_bytes``, which the calibration bench uses; 0 turns it
+    off."""
     warmup_pages: int | None = None
     """Untimed ops of 1, 2, 4, ... up to this many pages first, so no timed op pays a first
-    staging allocation; None = the largest op possible (the smaller pool), 0 = none."""
+    staging allocation; None = the longest request's pages (at most the smaller pool), 0 =
+    none."""
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     def pools(self) -> PoolSizing:
@@ -263,10 +265,15 @@ def run_replay(
         )
         say(notes[-1])
     pools = KVPools(spec, runtime)
-    # the plain large-copy peak of this very run, the yardstick for the large ops
+    # the plain large-copy peak of this very run, the yardstick for the large ops, measured
+    # between the pools themselves (a registered host pool and a caching-allocator buffer
+    # need not copy at the same rate); the warm-up and the replay overwrite what it leaves
     peak_bytes = max(8, min(settings.peak_bytes, spec.device_bytes, spec.host_bytes) // 8 * 8)
+    assert pools.host is not None
+    bufs = (pools.device, pools.host)
     peak = {
-        d: peak_bytes / float(np.median(plain_copy_times(runtime, peak_bytes, d, True, 5, 1)))
+        d: peak_bytes
+        / float(np.median(plain_copy_times(runtime, peak_bytes, d, True, 5, 1, buffers=bufs)))
         for d in ("d2h", "h2d")
     }
     say("plain-copy peak: " + ", ".join(f"{d} {v / 1e9:.2f} GB/s" for d, v in peak.items()))
@@ -275,7 +282,15 @@ def run_replay(
     ctrl = TorchController(device, host, pools, runtime, backend=settings.backend)
     assert ctrl.engine is not None
     largest = min(spec.device_pages, spec.host_pages)
-    warm = largest if settings.warmup_pages is None else min(settings.warmup_pages, largest)
+    if settings.warmup_pages is None:
+        # a write copies part of one request's KV, a load what one batch reuses: the longest
+        # request bounds nearly every op (a merged load of several can exceed it, and then
+        # pays its staging allocation inside its time)
+        p = spec.page_size
+        longest = max((-(-(r.input_length + r.output_length) // p) for r in reqs), default=1)
+        warm = min(largest, longest)
+    else:
+        warm = min(settings.warmup_pages, largest)
     t_warm = time.perf_counter()
     ctrl.engine.warmup(warm)
     say(f"warm-up: ops of 1-{warm} pages, {time.perf_counter() - t_warm:.2f} s (untimed)")
@@ -345,6 +360,7 @@ OP_COLUMNS = (
     "issue_s",
     "duration_s",
     "host_s",
+    "issue_cpu_s",
 )
 
 

@@ -62,6 +62,8 @@ class Runtime:
     device: torch.device
     pinned: bool
     """Whether host buffers are page-locked (only with CUDA)."""
+    notes: list[str]
+    """What did not go as planned (e.g. a pinning fallback), for a run's provenance."""
 
     def run(self, stream: str, fn: Callable[[], None]) -> None:
         raise NotImplementedError
@@ -151,6 +153,7 @@ class CpuRuntime(Runtime):
     def __init__(self, defer: bool = False) -> None:
         self.device = torch.device("cpu")
         self.pinned = False
+        self.notes = []
         self.defer = defer
         self._queues: dict[str, deque[Callable[[], None] | CpuMark]] = {s: deque() for s in STREAMS}
         # staging buffers by (capacity, dtype): a fresh CPU allocation of a few MiB is a fresh
@@ -253,6 +256,7 @@ class CudaRuntime(Runtime):
         for s in STREAMS:
             self._streams[s] = torch.cuda.Stream(device=self.device)  # type: ignore[no-untyped-call]
         self._registered: list[torch.Tensor] = []
+        self.notes = []
 
     def run(self, stream: str, fn: Callable[[], None]) -> None:
         with torch.cuda.stream(self._streams[stream]):
@@ -286,12 +290,23 @@ class CudaRuntime(Runtime):
             # 1, portable, for memory shared by several GPUs)
             cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
             rc = int(cudart.cudaHostRegister(t.data_ptr(), nbytes, 0))
-        except (AttributeError, RuntimeError):
+        except (AttributeError, AssertionError, RuntimeError):
             rc = -1
         if rc == 0:
             self._registered.append(t)
             return t
-        # fall back to the caching host allocator (pinned, rounded up to a power of two)
+        # A failed cudaHostRegister leaves its error as the runtime's "last error", which the
+        # next kernel launch check would raise as its own: clear it before going on.
+        if rc > 0 and not _clear_cuda_error():
+            raise RuntimeError(
+                f"cudaHostRegister of a {nbytes / 2**30:.2f} GiB host pool failed (cudaError "
+                f"{rc}) and the error could not be cleared; lower the host budget or raise the "
+                "locked-memory limit (ulimit -l)"
+            )
+        self.notes.append(
+            f"cudaHostRegister failed (cudaError {rc}): host pool from the caching host "
+            "allocator (pinned, size rounded up to a power of two)"
+        )
         del t
         return torch.empty(tuple(shape), dtype=dtype, pin_memory=True)
 
@@ -314,6 +329,27 @@ class CudaRuntime(Runtime):
         for t in self._registered:
             torch.cuda.cudart().cudaHostUnregister(t.data_ptr())  # type: ignore[no-untyped-call]
         self._registered.clear()
+
+
+def _clear_cuda_error() -> bool:
+    """Call ``cudaGetLastError`` of the CUDA runtime library torch loaded (torch binds no such
+    function) to reset the runtime's last error; False when the library is not found."""
+    import ctypes
+
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as f:
+            paths = {
+                line.split()[-1] for line in f if "libcudart.so" in line and "/" in line.split()[-1]
+            }
+    except OSError:
+        paths = set()
+    for path in sorted(paths):
+        try:
+            ctypes.CDLL(path).cudaGetLastError()
+            return True
+        except (OSError, AttributeError):
+            continue
+    return False
 
 
 def make_runtime(device: str, defer: bool = False) -> Runtime:

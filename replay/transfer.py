@@ -66,6 +66,10 @@ class Transfer:
     keep: list[torch.Tensor] = field(default_factory=list)
     host_s: float = 0.0
     """CPU seconds of host-side work done after the copy (kernel write scatter)."""
+    issue_cpu_s: float = 0.0
+    """CPU seconds the issuing call took (index uploads, per-run copy calls, the kernel load's
+    gathers): next to ``duration_s`` it shows whether an op was bound by its issuing thread
+    (the two close) or by the link (``duration_s`` well above)."""
     duration_s: float | None = None
     """Measured seconds (set by :meth:`CopyEngine.complete`)."""
 
@@ -126,6 +130,7 @@ class CopyEngine:
         else:
             self._d2h_kernel(t)
         t.end = rt.mark("d2h")
+        t.issue_cpu_s = time.perf_counter() - t.issue_s
         return t
 
     def h2d(self, device_pages: Sequence[int], host_pages: Sequence[int]) -> Transfer:
@@ -140,6 +145,7 @@ class CopyEngine:
         else:
             self._h2d_kernel(t)
         t.end = t.layer_marks[-1]
+        t.issue_cpu_s = time.perf_counter() - t.issue_s
         return t
 
     # -- direct -----------------------------------------------------------------------------
@@ -279,18 +285,21 @@ class CopyEngine:
             t.layer_marks.append(rt.mark("h2d"))
         t.calls = s.num_layers
 
-    def warmup(self, max_pages: int) -> None:
-        """One write and one load of 1, 2, 4, ... ``max_pages`` pages (pages ``0..n-1`` on both
-        sides, so their contents are overwritten), waiting for each: afterwards the staging
-        allocators hold a buffer of every power-of-two size class up to ``max_pages``, and no
-        timed op pays a first allocation (a fresh pinned or CPU buffer costs page faults or a
-        ``cudaHostAlloc``, milliseconds to seconds for large ones)."""
+    def warmup(self, max_pages: int, in_flight: int = 2) -> None:
+        """``in_flight`` writes, then as many loads, of 1, 2, 4, ... ``max_pages`` pages (pages
+        ``0..n-1`` on both sides, so their contents are overwritten), waiting after each group:
+        afterwards the staging allocators hold ``in_flight`` buffers of every power-of-two size
+        class up to ``max_pages``, and no timed op pays a first allocation (a fresh pinned or
+        CPU buffer costs page faults or a ``cudaHostAlloc``, milliseconds to seconds for large
+        ones), even with a few ops of one size in flight."""
         k = 1
         while max_pages > 0:
             n = min(k, max_pages)
             pages = list(range(n))
-            self.wait(self.d2h(pages, pages))
-            self.wait(self.h2d(pages, pages))
+            for issue in (self.d2h, self.h2d):
+                group = [issue(pages, pages) for _ in range(max(1, in_flight))]
+                for t in group:
+                    self.wait(t)
             if n == max_pages:
                 break
             k *= 2

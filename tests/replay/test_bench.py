@@ -13,14 +13,16 @@ from replay.bench import (
     COLUMNS,
     BenchConfig,
     bench_table,
+    compute_rows,
     fragmented_pages,
+    model_gemm_shapes,
     op_pool_pages,
     op_rows,
     rotated,
     run_bench,
     write_bench,
 )
-from replay.calibrate import calibrate, load_bench
+from replay.calibrate import calibrate, gemm_rate, load_bench
 from replay.pools import count_runs
 from replay.runtime import CpuRuntime
 from replay.transfer import CopyEngine
@@ -173,3 +175,84 @@ def test_op_repeats_touch_fresh_pages_after_a_cache_flush(monkeypatch: pytest.Mo
         pages = [set(p) for _, p in ops[k : k + per_shape]]
         for a, b in itertools.pairwise(pages):
             assert not (a & b)
+
+
+@pytest.mark.parametrize(
+    ("model", "width"),
+    # the MLP widths of the models' HF configs, which the presets do not store
+    [("llama-3-8b", 14336), ("llama-3-70b", 28672), ("qwen3-8b", 12288), ("qwen3-32b", 25600)],
+)
+def test_model_gemm_shapes_recover_the_real_layer(model: str, width: int) -> None:
+    from sim.hardware import get_model
+
+    m = get_model(model)
+    shapes = dict((name, (k, n)) for name, k, n in model_gemm_shapes(model))
+    h = m.hidden_size
+    assert shapes["gate_up"] == (h, 2 * width) and shapes["down"] == (width, h)
+    assert shapes["qkv"] == (h, (m.num_attention_heads + 2 * m.num_kv_heads) * m.head_dim)
+    assert shapes["o"] == (m.num_attention_heads * m.head_dim, h)
+    # one token through these GEMMs does what sim.latency charges per token and layer
+    weights = sum(k * n for k, n in shapes.values())
+    assert weights == pytest.approx(m.body_active_params / m.num_layers, rel=0.01)
+    # tensor parallel: column-parallel GEMMs split n, row-parallel ones k
+    tp = dict((name, (k, n)) for name, k, n in model_gemm_shapes(model, 8))
+    assert tp["qkv"] == (h, shapes["qkv"][1] // 8) and tp["gate_up"] == (h, 2 * width // 8)
+    assert tp["o"] == (shapes["o"][0] // 8, h) and tp["down"] == (width // 8, h)
+    assert BenchConfig.for_model(model).gemm_shapes == model_gemm_shapes(model)
+
+
+def test_compute_rows_time_each_gemm_and_the_rate_weighs_them_as_a_layer() -> None:
+    cfg = BenchConfig.quick(
+        gemm_tokens=8, gemm_shapes=(("a", 16, 32), ("b", 32, 16)), hbm_bytes=64 * KiB, repeats=2
+    )
+    rows = bench_mod._Rows()
+    compute_rows(cfg, CpuRuntime(), rows)
+    df = pd.DataFrame(rows.rows, columns=list(COLUMNS))
+    g = df[df.kind == "gemm"]
+    assert list(g.layout) == ["a", "a", "b", "b"]
+    assert set(g.flops) == {2.0 * 8 * 16 * 32}
+    assert (df[df.kind == "hbm"]["bytes"] == 2 * 64 * KiB).all()
+    # the rate is FLOPs over summed median times, not a median of per-GEMM rates
+    fake = pd.DataFrame(
+        {
+            "kind": ["gemm"] * 4,
+            "layout": ["big", "big", "small", "small"],
+            "flops": [9e12, 9e12, 1e12, 1e12],
+            "duration_s": [0.010, 0.012, 0.004, 0.004],
+        }
+    )
+    assert gemm_rate(fake) == pytest.approx(10e12 / (0.011 + 0.004))
+    assert "gemm (one layer's linear GEMMs)" in bench_table(df)
+
+
+def test_plain_copies_can_run_on_the_pools_own_memory() -> None:
+    """The replay's peak is measured between its pools (registered host memory may copy at
+    another rate than a fresh buffer): the copies must move the first bytes of those tensors."""
+    import torch
+
+    from replay.bench import plain_copy_times
+
+    rt = CpuRuntime()
+    dev = torch.arange(32, dtype=torch.int64).view(4, 8)
+    host = torch.zeros(4, 8, dtype=torch.int64)
+    times = plain_copy_times(rt, 64, "d2h", False, repeats=2, warmup=0, buffers=(dev, host))
+    assert len(times) == 2 and all(t >= 0 for t in times)
+    assert host.view(-1)[:8].tolist() == list(range(8)) and not host.view(-1)[8:].any()
+    with pytest.raises(ValueError, match="cannot hold"):
+        plain_copy_times(rt, 1024, "h2d", False, repeats=1, buffers=(dev, host))
+    with pytest.raises(ValueError, match="contiguous"):
+        plain_copy_times(rt, 8, "h2d", False, repeats=1, buffers=(dev.t(), host))
+
+
+def test_clearing_the_cuda_error_needs_a_loaded_cuda_runtime() -> None:
+    import torch
+
+    from replay.runtime import _clear_cuda_error
+
+    if torch.cuda.is_available():
+        torch.zeros(1, device="cuda")  # the runtime is loaded once CUDA is initialized
+        assert _clear_cuda_error() is True
+    elif torch.version.cuda is None:  # the CPU build maps no libcudart
+        assert _clear_cuda_error() is False
+    else:
+        pytest.skip("a CUDA build of torch without a device: libcudart may or may not be mapped")

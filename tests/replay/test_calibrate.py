@@ -236,6 +236,36 @@ def test_cuda_profiles_are_measured_and_fit_compute() -> None:
     assert cal.profile.provenance["machine_gpu_name"] == "NVIDIA H200"
 
 
+def test_mfu_weighs_a_layer_s_gemms_by_their_time() -> None:
+    """A layer's big MLP GEMM runs near peak and its small O projection far below: the layer
+    runs at total FLOPs over total time, which a median of per-GEMM rates would overstate."""
+    gemms = [("gate_up", 8e12, 800e12), ("o", 1e12, 200e12)]
+    extra = pd.DataFrame(
+        [
+            {
+                **{c: 0 for c in COLUMNS},
+                "kind": "gemm",
+                "backend": "gemm",
+                "layout": name,
+                "flops": flops,
+                "duration_s": flops / rate,
+                "repeat": r,
+            }
+            for name, flops, rate in gemms
+            for r in range(3)
+        ]
+    )
+    cal = calibrate(
+        pd.concat([synthetic_bench(), extra], ignore_index=True),
+        _meta("cuda"),
+        gpu="h200",
+        link="pcie5-x16",
+    )
+    layer_rate = 9e12 / (8e12 / 800e12 + 1e12 / 200e12)  # 600 TFLOP/s
+    assert cal.profile.mfu == pytest.approx(layer_rate / 989e12, rel=1e-6)
+    assert "gate_up, o" in cal.profile.provenance["compute"]
+
+
 def test_replay_ops_join_the_fit() -> None:
     df = synthetic_bench()
     t = _truth("direct", "h2d")

@@ -69,7 +69,11 @@ def test_quick_bench_on_cuda() -> None:
     rt = CudaRuntime()
     df = run_bench(
         BenchConfig.quick(
-            repeats=2, gemm=True, gemm_tokens=256, gemm_hidden=256, hbm_bytes=1 << 20
+            repeats=2,
+            gemm=True,
+            gemm_tokens=256,
+            gemm_shapes=(("qkv", 256, 384), ("down", 512, 256)),
+            hbm_bytes=1 << 20,
         ),
         rt,
     )

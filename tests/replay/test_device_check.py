@@ -7,6 +7,7 @@ import math
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -165,3 +166,55 @@ def test_the_prepared_gpu_run_script_on_cpu_without_simpy_tqdm_or_ray(tmp_path: 
     assert "cuda tests: exit 0" in env_txt and "device check: exit 0" in env_txt
     assert "skipped" in (out / "cuda-tests.log").read_text()  # no CUDA here: skipped, not failed
     assert json.loads((out / "summary.json").read_text())["errors"] == {}
+
+
+def test_an_interrupt_still_writes_and_exports_what_finished(tmp_path: Path) -> None:
+    """`bench/device_check.sh` stops the check with SIGINT at its time limit: the stage running
+    then is marked interrupted, later ones skipped, and the summary and the export still come
+    out (a SIGTERM would have lost everything on a GPU lent for minutes)."""
+    out, ex = tmp_path / "dc", tmp_path / "export"
+    cmd = [sys.executable, "-u", "-m", "replay.device_check", "--device", "cpu"]
+    proc = subprocess.Popen(
+        [*cmd, "--out", str(out), "--export", str(ex)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert proc.stdout is not None
+    seen = []
+    for line in proc.stdout:  # wait until the calibration stage has begun
+        seen.append(line)
+        if line.startswith("[bench:"):
+            proc.send_signal(signal.SIGINT)
+            break
+    rest = proc.stdout.read()
+    assert proc.wait(timeout=120) == 1, "".join(seen) + rest
+    s = json.loads((out / "summary.json").read_text())
+    assert "bench" not in s["errors"] and s["bench_rows"] > 0
+    interrupted = [k for k, v in s["errors"].items() if v.startswith("interrupted")]
+    assert len(interrupted) == 1 and interrupted[0] in ("calibrate", "replay-direct")
+    # nothing after the interrupted stage ran
+    assert s["replay"] == {} and "replay-kernel" not in s["stage_s"]
+    if interrupted[0] == "replay-direct":
+        assert s["errors"]["replay-kernel"].startswith("skipped")
+    assert {p.name for p in ex.iterdir()} >= {ARCHIVE, "summary.json", "summary.md"}
+
+
+def test_stages_after_an_interrupted_one_are_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import replay.run
+
+    def interrupted(*_a: Any, **_kw: Any) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(replay.run, "run_replay", interrupted)
+    out = tmp_path / "dc"
+    assert main(["--out", str(out), "--device", "cpu", "--max-requests", "10"]) == 1
+    s = json.loads((out / "summary.json").read_text())
+    assert s["errors"] == {
+        "replay-direct": "interrupted (SIGINT / time limit)",
+        "replay-kernel": "skipped: an earlier stage was interrupted",
+    }
+    assert (out / "profile.json").is_file() and s["bench_rows"] > 0

@@ -104,8 +104,8 @@ def test_batched_replay_moves_the_right_bytes(trace: Trace, layout: str, backend
 
 def test_a_forward_pass_stand_in_runs_before_each_batch_s_loads_and_writes(trace: Trace) -> None:
     """The replay does not run the model; ``forward`` stands in for its effect on the caches
-    (ReplaySettings.flush_bytes). It must run before a batch's loads and again before the
-    batch's writes, or the ops are timed with the previous op's buffers still cached."""
+    (ReplaySettings.flush_bytes). It must run before a batch's loads and again before each
+    group of its writes, or the ops are timed with the previous op's buffers still cached."""
     rp = _replayer("layer_first", "direct")
     events: list[str] = []
     rp._forward = lambda: events.append("forward")
@@ -120,10 +120,11 @@ def test_a_forward_pass_stand_in_runs_before_each_batch_s_loads_and_writes(trace
 
         setattr(eng, name, issue)
     res = rp.run(trace_requests(trace, PAGE, 60), max_tokens=8192, max_requests=4)
-    assert events.count("forward") == 2 * res.batches
+    # before the loads, before the prefill writes, before the finish writes (the decode)
+    assert res.oom_requests == 0 and events.count("forward") == 3 * res.batches
     assert "h2d" in events and "d2h" in events
     # every op follows a forward, with only ops of the same direction in between: loads run
-    # between the first forward of a batch and the second, writes after the second
+    # between the first forward of a batch and the second, writes after the others
     last = None
     for e in events:
         if e == "forward":
