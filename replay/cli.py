@@ -35,14 +35,15 @@ def _need_torch() -> None:
         ) from None
 
 
-def _runtime(device: str, threads: int | None = None) -> Any:
+def _runtime(device: str, threads: int = 1) -> Any:
     _need_torch()
+    import torch
+
     from replay.runtime import make_runtime
 
-    if threads:
-        import torch
-
-        torch.set_num_threads(threads)
+    if threads < 1:
+        raise UserError(f"--threads must be >= 1, got {threads}")
+    torch.set_num_threads(threads)
 
     try:
         return make_runtime(device)
@@ -75,6 +76,12 @@ def _guard(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namesp
     return run
 
 
+def _flush_bytes(mib: float) -> int:
+    if mib < 0:
+        raise UserError(f"--flush-mib must be >= 0, got {mib:g}")
+    return int(mib * (1 << 20)) // 8 * 8
+
+
 def _csv(text: str) -> list[str]:
     return [x.strip() for x in text.split(",") if x.strip()]
 
@@ -104,6 +111,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         if bad:
             raise UserError(f"--backends: unknown {', '.join(sorted(bad))} (direct, kernel)")
         kw["backends"] = tuple(args.backends)
+    if args.flush_mib is not None:
+        kw["flush_bytes"] = _flush_bytes(args.flush_mib)
     if args.max_size_mib is not None:
         cap = int(args.max_size_mib * (1 << 20))
         kw["plain_sizes"] = tuple(s for s in cfg.plain_sizes if s <= cap)
@@ -219,6 +228,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         num_layers=args.layers,
         token_layer_bytes=args.token_layer_bytes,
         verify=args.verify or None,
+        flush_bytes=None if args.flush_mib is None else _flush_bytes(args.flush_mib),
     )
     if args.profile is not None:
         from replay.outputs import read_json
@@ -253,8 +263,14 @@ def add_steps(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="replay_step", metavar="STEP")
     sub.required = True
     dev_help = "where to copy: cuda, cpu, or auto (cuda when available; default)"
-    # on a shared CPU box, OpenMP workers spinning against other processes make copies erratic
-    threads_help = "torch intra-op threads (default: torch's choice; 1 = steadier CPU timings)"
+    # the CPU side of an op (the kernel backend's host gathers/scatters) is one issuing thread
+    # in a server; torch's parallel CPU index ops were measured 10-20x slower on large rows
+    # with 2 threads than with 1, and OpenMP workers make timings erratic on a shared box
+    threads_help = "torch intra-op threads for the CPU side of the ops (default 1)"
+    flush_help = (
+        "scratch MiB overwritten before each timed op (bench) or where a forward pass would "
+        "run (replay), so ops meet cold caches as in serving (default 64; 0 = off)"
+    )
 
     b = sub.add_parser(
         "bench",
@@ -273,7 +289,8 @@ def add_steps(p: argparse.ArgumentParser) -> None:
     b.add_argument("--no-pageable", action="store_true", help="skip the pageable-memory sweep")
     b.add_argument("--backends", type=_csv, help="direct,kernel (default both)")
     b.add_argument("--max-size-mib", type=float, help="cap copy and op sizes (MiB)")
-    b.add_argument("--threads", type=int, help=threads_help)
+    b.add_argument("--threads", type=int, default=1, help=threads_help)
+    b.add_argument("--flush-mib", type=float, help=flush_help)
     b.add_argument("--force", action="store_true", help="overwrite a non-empty --out")
     b.set_defaults(func=_guard(_cmd_bench))
 
@@ -332,7 +349,8 @@ def add_steps(p: argparse.ArgumentParser) -> None:
     r.add_argument("--layers", type=int, help="override the model's layer count (shrinks ops)")
     r.add_argument("--token-layer-bytes", type=int, help="override KV bytes per token per layer")
     r.add_argument("--verify", action="store_true", help="check every loaded page's bytes")
-    r.add_argument("--threads", type=int, help=threads_help)
+    r.add_argument("--threads", type=int, default=1, help=threads_help)
+    r.add_argument("--flush-mib", type=float, help=flush_help)
     r.add_argument("--force", action="store_true", help="overwrite a non-empty --out")
     r.set_defaults(func=_guard(_cmd_run))
 

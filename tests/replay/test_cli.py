@@ -32,6 +32,8 @@ def bench_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
                 "--force",
                 "--max-size-mib",
                 "1",
+                "--flush-mib",
+                "1",
                 "--out",
                 str(out),
             ]
@@ -47,6 +49,8 @@ def test_bench_writes_its_table(bench_dir: Path) -> None:
     meta = json.loads((bench_dir / "meta.json").read_text())
     assert meta["machine"]["device"] == "cpu" and meta["config"]["repeats"] == 2
     assert max(meta["config"]["plain_sizes"]) <= 1 << 20
+    assert meta["config"]["flush_bytes"] == 1 << 20
+    assert meta["machine"]["torch_threads"] == "1"  # the default: one issuing thread
 
 
 def test_calibrate_then_run_with_the_profile(
@@ -152,6 +156,20 @@ def test_user_errors_exit_2(
     )
     errs = capsys.readouterr().err.strip().splitlines()
     assert len(errs) == 4 and all(e.startswith("hicache-sim replay: ") for e in errs)
+
+
+def test_bad_threads_and_flush_are_one_line_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = ["bench", "--device", "cpu", "--quick"]
+    assert main([*base, "--threads", "0", "--out", str(tmp_path / "a")]) == 2
+    assert main([*base, "--flush-mib", "-1", "--out", str(tmp_path / "b")]) == 2
+    errs = capsys.readouterr().err.strip().splitlines()
+    assert errs == [
+        "hicache-sim replay: --threads must be >= 1, got 0",
+        "hicache-sim replay: --flush-mib must be >= 0, got -1",
+    ]
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
 def test_register_adds_the_replay_command() -> None:
