@@ -12,6 +12,7 @@
 # Exit status: the device check's (0 ran, 1 a stage failed or ran out of time, 2 usage); a CUDA
 # test failure is reported in cuda-tests.log and env.txt but does not stop the measurements.
 # Time limits (SIGINT): TESTS_TIMEOUT (60 s) and CHECK_TIMEOUT (240 s), about 5 minutes in all.
+# HICACHE_COMMIT=<sha> records the code's commit where the tree came without .git.
 set -uo pipefail
 out=${1:?usage: bench/device_check.sh OUT_DIR}
 PY=${PY:-python3}
@@ -23,7 +24,7 @@ mkdir -p "$out"
 
 {
   date -u +"date: %Y-%m-%dT%H:%M:%SZ"
-  echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)"
+  echo "commit: ${HICACHE_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
   echo "python: $("$PY" -c 'import sys; print(sys.version.split()[0], sys.executable)' 2>&1)"
   "$PY" -c 'import torch; print("torch:", torch.__version__, "cuda:", torch.version.cuda,
 "available:", torch.cuda.is_available())' 2>&1

@@ -43,7 +43,7 @@ import torch
 from replay.calibrate import gemm_rate
 from replay.outputs import write_json, write_table
 from replay.pools import KVPools, PoolSpec
-from replay.runtime import Runtime
+from replay.runtime import Runtime, code_commit
 from replay.transfer import CopyEngine
 
 KiB = 1024
@@ -555,6 +555,7 @@ def write_bench(
         "host_pinned": rt.pinned,
         "config": asdict(cfg),
         "rows": len(df),
+        "code_commit": code_commit(),
         "wall_s": round(wall_s, 3),
         **extra,
     }

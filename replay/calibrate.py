@@ -321,6 +321,7 @@ def calibrate(
         "source": source or "hicache-sim replay calibrate",
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "bench_date": str(meta.get("date", "unknown")),
+        "code_commit": str(meta.get("code_commit", "unknown")),
         **{f"machine_{k}": v for k, v in machine.items()},
         "sizes": _sizes_text(bench),
         "replay_ops": str(n_replay),

@@ -387,6 +387,37 @@ def _driver_version() -> str:
         return "unknown"
 
 
+def code_commit() -> str:
+    """The hicache-sim commit a measurement ran (provenance): ``$HICACHE_COMMIT`` when set (a
+    machine that got the working tree without ``.git``), else ``git rev-parse HEAD`` of this
+    checkout with ``-dirty`` when it has changes, else ``"unknown"``."""
+    import subprocess
+    from pathlib import Path
+
+    env = os.environ.get("HICACHE_COMMIT", "").strip()
+    if env:
+        return env
+    root = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return f"{head}-dirty" if dirty else head or "unknown"
+
+
 def machine_info(kind: str) -> dict[str, str]:
     """Strings describing the machine a measurement ran on (for profile provenance)."""
     import platform
@@ -415,6 +446,7 @@ __all__ = [
     "CpuRuntime",
     "CudaRuntime",
     "Runtime",
+    "code_commit",
     "cuda_available",
     "gpu_preset_for",
     "machine_info",

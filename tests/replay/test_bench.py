@@ -77,9 +77,14 @@ def test_bench_rows(bench_df: pd.DataFrame) -> None:
     assert len(df[df.kind == "plain"]) == 2 * 2 * 2  # sizes x directions x repeats
 
 
-def test_bench_outputs_and_table(bench_df: pd.DataFrame, tmp_path: Path) -> None:
+def test_bench_outputs_and_table(
+    bench_df: pd.DataFrame, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     rt = CpuRuntime()
+    # a GPU machine gets the tree without .git: the commit comes from the environment
+    monkeypatch.setenv("HICACHE_COMMIT", "abc1234")
     meta = write_bench(bench_df, tiny_config(), rt, tmp_path, 1.0, model="llama-3-8b")
+    assert meta["code_commit"] == "abc1234"
     assert meta["machine"]["device"] == "cpu" and meta["rows"] == len(bench_df)
     df, meta2 = load_bench(tmp_path)
     assert len(df) == len(bench_df) and meta2["config"]["repeats"] == 2
@@ -89,6 +94,7 @@ def test_bench_outputs_and_table(bench_df: pd.DataFrame, tmp_path: Path) -> None
     # the real (CPU) table calibrates: a pipeline check, not a GPU figure
     cal = calibrate(df, meta2, gpu="h100-sxm", link="pcie5-x16")
     assert cal.profile.measured is False
+    assert cal.profile.provenance["code_commit"] == "abc1234"
 
 
 def test_config_validation_and_presets() -> None:
