@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, ClassVar, get_type_hints
 
 from sim import hardware
-from sim.latency import default_profile_path, shipped_profiles
+from sim.latency import shipped_profile_path, shipped_profiles
 from sim.policy import STRATEGIES, WRITE_POLICIES, host_pool_tokens
 
 #: ``--hicache-io-backend`` values the simulator models (``kernel_ascend`` is NPU-only).
@@ -364,7 +364,7 @@ class SimConfig:
             )
         if (
             not self.run.profile
-            and not default_profile_path(self.gpu.name, self.link.name).is_file()
+            and not shipped_profile_path(self.gpu.name, self.link.name).is_file()
         ):
             raise ConfigError(
                 "link.name",

@@ -259,23 +259,49 @@ def default_profile_path(gpu: str, link: str) -> Path:
     return PROFILE_DIR / f"{gpu}-{link}-default.json"
 
 
+def measured_profile_path(gpu: str) -> Path:
+    """Where a profile measured on ``gpu`` is committed (``replay``'s device check writes it
+    under this name): ``sim/profiles/<gpu>-measured.json``. It may not exist."""
+    return PROFILE_DIR / f"{gpu}-measured.json"
+
+
+def shipped_profile_path(gpu: str, link: str) -> Path:
+    """The shipped profile a run on ``gpu`` over ``link`` uses when it names none: the one
+    measured on that GPU when there is one for that link, else the ``-default.json`` estimate
+    (which may not exist either)."""
+    measured = measured_profile_path(gpu)
+    if measured.is_file():
+        try:
+            link_of = json.loads(measured.read_text(encoding="utf-8")).get("link")
+        except (OSError, ValueError, AttributeError):
+            return measured  # unreadable: loading it reports what is wrong with it
+        if link_of == link:
+            return measured
+    return default_profile_path(gpu, link)
+
+
 def shipped_profiles() -> list[str]:
-    """``<gpu>-<link>`` stems of the default profiles shipped in ``sim/profiles``."""
-    return sorted(p.name.removesuffix("-default.json") for p in PROFILE_DIR.glob("*-default.json"))
+    """Stems of the profiles shipped in ``sim/profiles``: ``<gpu>-<link>`` for the defaults,
+    ``<gpu>-measured`` for measured ones."""
+    return sorted(
+        [p.name.removesuffix("-default.json") for p in PROFILE_DIR.glob("*-default.json")]
+        + [p.name.removesuffix(".json") for p in PROFILE_DIR.glob("*-measured.json")]
+    )
 
 
 def load_profile(path: str | Path | None, gpu: str, link: str) -> Profile:
     """Load a profile for a run on ``gpu`` over ``link``.
 
-    ``path`` None (or ``""``) selects the shipped default
-    ``sim/profiles/<gpu>-<link>-default.json``. The profile's own ``gpu``/``link`` must match
-    the run's: constants measured on one machine silently applied to another would be a wrong
-    answer, not a what-if. Every problem (missing
-    file, bad JSON, unknown or missing key, out-of-range value, mismatch) raises ``ValueError``
-    whose message starts with the file name and names the key.
+    ``path`` None (or ``""``) selects the shipped profile (:func:`shipped_profile_path`):
+    ``sim/profiles/<gpu>-measured.json`` when one was measured on that GPU over ``link``, else
+    the estimate ``sim/profiles/<gpu>-<link>-default.json``. The profile's own ``gpu``/``link``
+    must match the run's: constants measured on one machine silently applied to another would
+    be a wrong answer, not a what-if. Every problem (missing file, bad JSON, unknown or
+    missing key, out-of-range value, mismatch) raises ``ValueError`` whose message starts
+    with the file name and names the key.
     """
     if path is None or str(path) == "":
-        p = default_profile_path(gpu, link)
+        p = shipped_profile_path(gpu, link)
         if not p.is_file():
             raise ValueError(
                 f"{p}: no shipped default profile for gpu {gpu!r} with link {link!r}; shipped: "

@@ -98,14 +98,40 @@ def test_direct_backend_pays_per_run_and_kernel_does_not(h100: Profile) -> None:
 
 def test_every_gpu_has_a_shipped_default_for_its_link() -> None:
     for g in GPUS.values():
-        p = load_profile(None, g.name, g.default_link)
+        p = load_profile(default_profile_path(g.name, g.default_link), g.name, g.default_link)
         assert (p.gpu, p.link_name) == (g.name, g.default_link)
         assert p.measured is False
         assert "not measured" in p.provenance["source"]
         for b in BACKENDS:
             for d in DIRECTIONS:
                 assert p.link(b, d).beta_Bps > 0
-    assert len(shipped_profiles()) == len(GPUS)
+    defaults = [s for s in shipped_profiles() if not s.endswith("-measured")]
+    assert len(defaults) == len(GPUS)
+
+
+def test_a_measured_profile_replaces_the_estimate_for_its_gpu_and_link(
+    h100: Profile, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once a GPU run's profile is committed as ``<gpu>-measured.json``, runs on that GPU and
+    link use it without naming it; other links keep the estimate."""
+    import dataclasses
+
+    import sim.latency as lat
+
+    monkeypatch.setattr(lat, "PROFILE_DIR", tmp_path)
+    save_profile(h100, tmp_path / "h100-sxm-pcie5-x16-default.json")
+    assert load_profile(None, "h100-sxm", "pcie5-x16") == h100  # only the estimate
+    measured = dataclasses.replace(h100, measured=True, mfu=0.61)
+    save_profile(measured, tmp_path / "h100-sxm-measured.json")
+    assert lat.shipped_profile_path("h100-sxm", "pcie5-x16").name == "h100-sxm-measured.json"
+    assert load_profile(None, "h100-sxm", "pcie5-x16") == measured
+    assert shipped_profiles() == ["h100-sxm-measured", "h100-sxm-pcie5-x16"]
+    # measured over another link: not a what-if for this one
+    assert lat.shipped_profile_path("h100-sxm", "pcie4-x16").name.endswith("-default.json")
+    # a broken measured file is reported, not silently skipped
+    (tmp_path / "h100-sxm-measured.json").write_text("{", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"h100-sxm-measured\.json:1: invalid JSON"):
+        load_profile(None, "h100-sxm", "pcie5-x16")
 
 
 def test_shipped_pcie5_values(h100: Profile) -> None:
