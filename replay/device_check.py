@@ -311,6 +311,8 @@ def _check(
                 "error": r.get("error"),
                 "large_ops": r.get("large_ops"),
                 "large_contiguous_ops": r.get("large_contiguous_ops"),
+                "issue_share": r.get("issue_share"),
+                "count": r.get("count"),
                 "cache": r["cache"],
                 "notes": r["notes"],
             }
@@ -363,6 +365,16 @@ def format_check(s: dict[str, Any]) -> str:
             lines.append(
                 f"- {b}: op |rel err| median {e['median']:.1%}, p90 {e['p90']:.1%} "
                 f"(n={e['n']}), hit rate {r['cache']['hit_rate']:.1%}"
+            )
+        if r.get("count"):
+            lines.append(
+                f"  - ops: {r['count'].get('write', 0)} writes, {r['count'].get('load', 0)} loads"
+            )
+        if r.get("issue_share"):
+            i = r["issue_share"]
+            lines.append(
+                f"  - issuing thread busy a median {i['median']:.0%} of an op's time; "
+                f"{i['issue_bound_fraction']:.0%} of ops issue-bound"
             )
         for key in ("large_ops", "large_contiguous_ops"):
             for d, v in (r.get(key) or {}).items():

@@ -222,6 +222,14 @@ def summarize_ops(
     out["large_contiguous_ops"] = contiguous
     out["bytes"] = {d: int(ops[ops.direction == d].nbytes.sum()) for d in ("d2h", "h2d")}
     out["count"] = {k: int((ops.kind == k).sum()) for k in ("write", "load")}
+    if "issue_cpu_s" in ops.columns:
+        # how much of an op's measured time its issuing thread was busy issuing it: near 1,
+        # the op is bound by the CPU side (per-run copy calls, host gathers), not the link
+        share = (ops.issue_cpu_s / ops.duration_s).to_numpy()
+        out["issue_share"] = {
+            "median": float(np.median(share)),
+            "issue_bound_fraction": float(np.mean(share >= 0.8)),
+        }
     return out
 
 
@@ -387,6 +395,12 @@ def format_summary(s: dict[str, Any]) -> str:
                 f"GB/s = {v['fraction_of_peak']:.0%} of the plain-copy peak "
                 f"{v['peak_Bps'] / 1e9:.2f} GB/s"
             )
+    if "issue_share" in s:
+        i = s["issue_share"]
+        lines.append(
+            f"  issuing thread busy for a median {i['median']:.0%} of an op's time; "
+            f"{i['issue_bound_fraction']:.0%} of ops issue-bound (>= 80%)"
+        )
     return "\n".join(lines)
 
 

@@ -192,6 +192,11 @@ def test_run_replay_writes_ops_and_summary(trace: Trace, tmp_path: Path) -> None
     assert {"predicted_s", "rel_err", "issue_s", "duration_s", "runs", "nbytes"} <= set(ops.columns)
     assert (ops.predicted_s > 0).all() and ops.op_id.is_monotonic_increasing
     assert "prediction" in format_summary(s)
+    # on CPU tensors the copies run inside the issuing call: every op is issue-bound
+    assert (ops.issue_cpu_s >= ops.duration_s - ops.host_s).all()
+    assert s["issue_share"]["issue_bound_fraction"] == 1.0
+    assert "issue-bound" in format_summary(s)
+    assert on_disk["settings"]["flush_bytes"] == 64 << 20
 
 
 def test_a_replay_needs_a_host_tier() -> None:
