@@ -19,8 +19,8 @@ PY=${PY:-python3}
 DEVICE=${DEVICE:-cuda}
 WORK=${WORK:-$(mktemp -d)/device-check}
 export PYTHONUNBUFFERED=1
+mkdir -p "$out" && out=$(cd "$out" && pwd) || exit 2  # absolute: we cd to the repo next
 cd "$(dirname "$0")/.." || exit 2
-mkdir -p "$out"
 
 {
   date -u +"date: %Y-%m-%dT%H:%M:%SZ"
