@@ -171,9 +171,8 @@ def _check(
             print(f"device check: stage {name} FAILED: {errors[name]}", flush=True)
             return None
         finally:
-            if name not in stage_s and not (errors.get(name, "").startswith("skipped")):
-                stage_s[name] = round(time.perf_counter() - t0, 3)
-                print(f"[{name}: {stage_s[name]:.1f} s]", flush=True)
+            stage_s[name] = round(time.perf_counter() - t0, 3)
+            print(f"[{name}: {stage_s[name]:.1f} s]", flush=True)
 
     # -- 1. bench ---------------------------------------------------------------------------
     def do_bench() -> tuple[Any, dict[str, Any]]:
