@@ -30,11 +30,13 @@ from __future__ import annotations
 import argparse
 import math
 import shutil
+import signal
 import sys
 import tarfile
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -78,13 +80,73 @@ def run_check(
     # Several threads make it erratic: torch's CPU index_select copies each large row with a
     # parallel copy, measured 10-20x slower with 2 threads than with 1 on 4 MiB rows.
     torch.set_num_threads(1)
+    stages = _Stages()
     try:
-        return _check(out, rt, trace_kind, max_requests, model, gpu, t_all)
+        with stages.sigint_stops_stages():
+            return _check(stages, out, rt, trace_kind, max_requests, model, gpu, t_all)
     finally:
         rt.close()
 
 
+class _Stages:
+    """Runs the check's stages, each isolated: a failure is recorded in ``errors`` (traceback
+    on stderr) and the next stage runs. While :meth:`sigint_stops_stages` is active, SIGINT
+    (``timeout -s INT`` running out) interrupts only the stage running then; later stages are
+    skipped, and a SIGINT between stages or while the summary is written only marks the
+    interruption, so the summary of the finished stages is always written and exported."""
+
+    def __init__(self) -> None:
+        self.errors: dict[str, str] = {}
+        self.seconds: dict[str, float] = {}
+        self.interrupted = False
+        self._in_stage = False
+
+    def _on_sigint(self, _signum: int, _frame: Any) -> None:
+        first = not self.interrupted
+        self.interrupted = True
+        if first and self._in_stage:
+            raise KeyboardInterrupt
+
+    @contextmanager
+    def sigint_stops_stages(self) -> Iterator[None]:
+        try:
+            previous = signal.signal(signal.SIGINT, self._on_sigint)
+        except ValueError:  # not the main thread: leave SIGINT as it is
+            yield
+            return
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def run(self, name: str, fn: Callable[[], _T]) -> _T | None:
+        if self.interrupted:
+            self.errors[name] = "skipped: an earlier stage was interrupted"
+            return None
+        t0 = time.perf_counter()
+        try:
+            self._in_stage = True
+            return fn()
+        except KeyboardInterrupt:
+            self._in_stage = False
+            self.interrupted = True
+            self.errors[name] = "interrupted (SIGINT / time limit)"
+            print(f"device check: stage {name} INTERRUPTED", flush=True)
+            return None
+        except Exception as e:  # recorded and reported; the next stage runs
+            self._in_stage = False
+            traceback.print_exc()
+            self.errors[name] = f"{type(e).__name__}: {e}"
+            print(f"device check: stage {name} FAILED: {self.errors[name]}", flush=True)
+            return None
+        finally:
+            self._in_stage = False
+            self.seconds[name] = round(time.perf_counter() - t0, 3)
+            print(f"[{name}: {self.seconds[name]:.1f} s]", flush=True)
+
+
 def _check(
+    stages: _Stages,
     out: Path,
     rt: Any,
     trace_kind: str,
@@ -147,32 +209,7 @@ def _check(
     # Each stage is isolated: on a GPU lent for a few minutes, a failure in one stage (say, the
     # kernel backend's replay) must not cost the measurements of the others. A failed stage is
     # recorded under "errors" (the traceback goes to stderr) and its figures stay NaN.
-    errors: dict[str, str] = {}
-    stage_s: dict[str, float] = {}
-    interrupted: list[bool] = []
-
-    def stage(name: str, fn: Callable[[], _T]) -> _T | None:
-        if interrupted:
-            errors[name] = "skipped: an earlier stage was interrupted"
-            return None
-        t0 = time.perf_counter()
-        try:
-            return fn()
-        except KeyboardInterrupt:
-            # SIGINT, e.g. `timeout -s INT` running out: stop here but still write the summary
-            # (and let --export hand back) what the finished stages measured
-            interrupted.append(True)
-            errors[name] = "interrupted (SIGINT / time limit)"
-            print(f"device check: stage {name} INTERRUPTED", flush=True)
-            return None
-        except Exception as e:  # recorded and reported; the next stage runs
-            traceback.print_exc()
-            errors[name] = f"{type(e).__name__}: {e}"
-            print(f"device check: stage {name} FAILED: {errors[name]}", flush=True)
-            return None
-        finally:
-            stage_s[name] = round(time.perf_counter() - t0, 3)
-            print(f"[{name}: {stage_s[name]:.1f} s]", flush=True)
+    errors, stage_s, stage = stages.errors, stages.seconds, stages.run
 
     # -- 1. bench ---------------------------------------------------------------------------
     def do_bench() -> tuple[Any, dict[str, Any]]:

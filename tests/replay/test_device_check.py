@@ -192,12 +192,14 @@ def test_an_interrupt_still_writes_and_exports_what_finished(tmp_path: Path) -> 
     assert proc.wait(timeout=120) == 1, "".join(seen) + rest
     s = json.loads((out / "summary.json").read_text())
     assert "bench" not in s["errors"] and s["bench_rows"] > 0
-    interrupted = [k for k, v in s["errors"].items() if v.startswith("interrupted")]
-    assert len(interrupted) == 1 and interrupted[0] in ("calibrate", "replay-direct")
-    # nothing after the interrupted stage ran
+    # the signal came as the bench finished: whatever ran then (the bench's last line, the
+    # calibration or the first replay) is the last thing that ran; the rest is skipped
+    assert s["errors"], "the interruption is recorded"
+    for k, v in s["errors"].items():
+        assert k in ("calibrate", "replay-direct", "replay-kernel")
+        assert v.startswith(("interrupted", "skipped")), v
+    assert sum(v.startswith("interrupted") for v in s["errors"].values()) <= 1
     assert s["replay"] == {} and "replay-kernel" not in s["stage_s"]
-    if interrupted[0] == "replay-direct":
-        assert s["errors"]["replay-kernel"].startswith("skipped")
     assert {p.name for p in ex.iterdir()} >= {ARCHIVE, "summary.json", "summary.md"}
 
 
