@@ -197,3 +197,59 @@ def test_stamps_round_trip() -> None:
     assert pools.device_stamps_ok([1, 5], [11, (1 << 63) - 1])
     assert not pools.device_stamps_ok([1, 5], [11, 12])
     assert pools.describe()["dtype"] == "int64"
+
+
+class _FakeCudart:
+    def __init__(self, rc: int) -> None:
+        self.rc = rc
+        self.calls: list[tuple[int, int, int]] = []
+
+    def cudaHostRegister(self, ptr: int, size: int, flags: int) -> int:
+        self.calls.append((ptr, size, flags))
+        return self.rc
+
+
+def _bare_cuda_runtime() -> object:
+    """A CudaRuntime without a GPU: only what ``host_pool`` touches."""
+    from replay.runtime import CudaRuntime
+
+    rt = object.__new__(CudaRuntime)
+    rt._registered = []
+    rt.notes = []
+    return rt
+
+
+def test_host_pool_registration_and_its_failures(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pinning paths that only a GPU runs, exercised with a fake CUDA runtime library: a
+    registered pool is kept for unregistering; a failed registration clears CUDA's last error
+    (or it would surface at the next kernel launch as someone else's) and falls back to the
+    caching host allocator, saying so; an error that cannot be cleared stops with advice."""
+    import replay.runtime as rtm
+
+    real_empty = torch.empty
+    pinned_asks: list[bool] = []
+
+    def empty(*shape: object, **kw: object) -> torch.Tensor:
+        pinned_asks.append(bool(kw.pop("pin_memory", False)))  # the CPU build cannot pin
+        return real_empty(*shape, **kw)
+
+    monkeypatch.setattr(torch, "empty", empty)
+    rt = _bare_cuda_runtime()
+    ok = _FakeCudart(0)
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: ok)
+    pool = rt.host_pool((4, 8), torch.int64)
+    assert ok.calls == [(pool.data_ptr(), 4 * 8 * 8, 0)]
+    assert rt._registered == [pool] and rt.notes == [] and pinned_asks == [False]
+
+    rt = _bare_cuda_runtime()
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: _FakeCudart(712))
+    cleared: list[bool] = []
+    monkeypatch.setattr(rtm, "_clear_cuda_error", lambda: cleared.append(True) or True)
+    pinned_asks.clear()
+    pool = rt.host_pool((4, 8), torch.int64)
+    assert cleared == [True] and pinned_asks == [False, True]  # fell back to a pinned alloc
+    assert rt._registered == [] and "cudaError 712" in rt.notes[0]
+
+    monkeypatch.setattr(rtm, "_clear_cuda_error", lambda: False)
+    with pytest.raises(RuntimeError, match=r"could not be cleared.*ulimit -l"):
+        rt.host_pool((4, 8), torch.int64)
