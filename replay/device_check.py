@@ -37,7 +37,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -86,6 +86,47 @@ def run_check(
             return _check(stages, out, rt, trace_kind, max_requests, model, gpu, t_all)
     finally:
         rt.close()
+
+
+@dataclass(frozen=True)
+class CheckPlan:
+    """What the check measures: the bench config, the replay's geometry overrides, the pool
+    budgets (device, host bytes) and the requests replayed."""
+
+    bench: Any
+    geometry: dict[str, Any]
+    budgets: tuple[int, int]
+    max_requests: int
+
+
+def check_plan(cuda: bool, model: str) -> CheckPlan:
+    """The plan for a CUDA device (the model's real geometry, about 2 minutes on an H100/H200)
+    or for CPU tensors (a small geometry, seconds)."""
+    from replay.bench import BenchConfig
+
+    if cuda:
+        # the full size range, fewer repeats; the pageable plain copies cost seconds and
+        # answer "what does pinning buy". A 1 GiB device pool (8k tokens of Llama-3-8B) under
+        # 8 GiB of host: with 400 requests of the shared-prefix trace, ~800 writes and ~70
+        # loads (a 4 GiB pool gives only a handful of loads, too few for the h2d figures)
+        return CheckPlan(
+            bench=BenchConfig.for_model(model, page_size=64, repeats=5),
+            geometry={"page_size": 64},
+            budgets=(1 << 30, 8 << 30),
+            max_requests=400,
+        )
+    cfg = BenchConfig.quick()
+    return CheckPlan(
+        bench=cfg,
+        # the replay uses the bench's op geometry so the fit covers its ops
+        geometry={
+            "page_size": cfg.page_size,
+            "num_layers": cfg.op_layers[-1],
+            "token_layer_bytes": cfg.token_layer_bytes,
+        },
+        budgets=(16 << 20, 32 << 20),
+        max_requests=120,
+    )
 
 
 class _Stages:
@@ -157,7 +198,7 @@ def _check(
 ) -> dict[str, Any]:
     import numpy as np
 
-    from replay.bench import BenchConfig, bench_table, run_bench, write_bench
+    from replay.bench import bench_table, run_bench, write_bench
     from replay.calibrate import calibrate, error_stats, op_rows_for_fit, predict_ops, rel_errors
     from replay.outputs import write_json, write_text
     from replay.presets import gpu_preset_for
@@ -185,26 +226,9 @@ def _check(
             )
     link = get_gpu(gpu).default_link
     print(f"device check on {rt.kind} ({info['gpu_name']}); profile for {gpu} + {link}")
-    if cuda:
-        # the full size range, fewer repeats: ~1-2 minutes on H100/H200; the pageable plain
-        # copies cost seconds and answer "what does pinning buy"
-        cfg = BenchConfig.for_model(model, page_size=64, repeats=5)
-        geometry: dict[str, Any] = {"page_size": 64}
-        # a 1 GiB device pool (8k tokens of Llama-3-8B) under 8 GiB of host: with 400
-        # requests of the shared-prefix trace, ~800 writes and ~70 loads (a 4 GiB pool gives
-        # only a handful of loads, too few for the h2d figures)
-        budgets = (1 << 30, 8 << 30)
-        max_requests = max_requests or 400
-    else:
-        cfg = BenchConfig.quick()
-        # the replay uses the bench's op geometry so the fit covers its ops
-        geometry = {
-            "page_size": cfg.page_size,
-            "num_layers": cfg.op_layers[-1],
-            "token_layer_bytes": cfg.token_layer_bytes,
-        }
-        budgets = (16 << 20, 32 << 20)
-        max_requests = max_requests or 120
+    plan = check_plan(cuda, model)
+    cfg, geometry, budgets = plan.bench, plan.geometry, plan.budgets
+    max_requests = max_requests or plan.max_requests
 
     # Each stage is isolated: on a GPU lent for a few minutes, a failure in one stage (say, the
     # kernel backend's replay) must not cost the measurements of the others. A failed stage is

@@ -7,7 +7,7 @@ collected (the replay is an optional extra).
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import pytest
 
@@ -52,3 +52,25 @@ if HAVE_TORCH:
             return TorchController(dev, host, pools, rt, backend=backend)
 
         return make
+
+    class CudaLikeRuntime(CpuRuntime):
+        """CPU tensors on deferred streams that report CUDA: runs the CUDA-only branches (pinned
+        and pageable sweeps, both directions timed by marks on two streams, device flushes, a
+        measured profile) on a machine without a GPU. Timings are meaningless; the code paths
+        are what is checked."""
+
+        kind = "cuda"
+
+        def __init__(self, gpu_name: str = "NVIDIA H200") -> None:
+            super().__init__(defer=True)
+            self.pinned = True
+            self.gpu_name = gpu_name
+
+        def host_empty(
+            self, shape: Sequence[int], dtype: torch.dtype, pinned: bool = True
+        ) -> torch.Tensor:
+            return torch.empty(tuple(shape), dtype=dtype)  # the CPU build cannot pin
+
+        def describe(self) -> dict[str, str]:
+            info = CpuRuntime().describe()
+            return {**info, "device": "cuda", "gpu_name": self.gpu_name, "driver": "fake"}

@@ -26,6 +26,7 @@ from replay.calibrate import calibrate, gemm_rate, load_bench
 from replay.pools import count_runs
 from replay.runtime import CpuRuntime
 from replay.transfer import CopyEngine
+from tests.replay.conftest import CudaLikeRuntime
 
 KiB = 1024
 
@@ -262,3 +263,28 @@ def test_clearing_the_cuda_error_needs_a_loaded_cuda_runtime() -> None:
         assert _clear_cuda_error() is False
     else:
         pytest.skip("a CUDA build of torch without a device: libcudart may or may not be mapped")
+
+
+def test_the_cuda_branches_of_the_bench_run_on_cuda_like_streams() -> None:
+    cfg = BenchConfig.quick(
+        plain_sizes=(4 * KiB, 64 * KiB),
+        bidir_sizes=(64 * KiB,),
+        op_layers=(1,),
+        op_pages=(1, 4),
+        run_pages=(0, 1),
+        repeats=2,
+        gemm=True,
+        gemm_tokens=8,
+        gemm_shapes=(("qkv", 16, 24), ("down", 32, 16)),
+        hbm_bytes=64 * KiB,
+        op_pool_bytes=1 << 20,
+        flush_bytes=1 << 16,
+    )
+    rt = CudaLikeRuntime()
+    df = run_bench(cfg, rt)
+    assert set(df.kind) == {"plain", "bidir", "op", "gemm", "hbm"}
+    assert set(df[df.kind == "plain"].host_memory) == {"pinned", "pageable"}
+    bid = df[df.kind == "bidir"]
+    assert sorted(bid.direction.unique()) == ["d2h", "h2d"] and len(bid) == 2 * cfg.repeats
+    assert (df.duration_s >= 0).all()
+    assert all(rt.pending(s) == 0 for s in ("d2h", "h2d"))  # nothing left queued

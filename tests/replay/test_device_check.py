@@ -220,3 +220,35 @@ def test_stages_after_an_interrupted_one_are_skipped(
         "replay-kernel": "skipped: an earlier stage was interrupted",
     }
     assert (out / "profile.json").is_file() and s["bench_rows"] > 0
+
+
+def test_the_cuda_path_of_the_check_on_cuda_like_streams(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The branch a GPU runs (preset detection, a measured profile named for the GPU and
+    exported, the commit line, targets that apply), with the CPU plan's small geometry on
+    deferred CPU streams that report CUDA: the parts of the GPU run that need no GPU are
+    checked before the one attempt on a lent machine."""
+    import replay.device_check as dc
+    import replay.runtime
+    from tests.replay.conftest import CudaLikeRuntime
+
+    cpu_plan = dc.check_plan(False, "llama-3-8b")
+    monkeypatch.setattr(dc, "check_plan", lambda cuda, model: cpu_plan)
+    monkeypatch.setattr(replay.runtime, "make_runtime", lambda device: CudaLikeRuntime())
+    out, ex = tmp_path / "dc", tmp_path / "export"
+    rc = main(["--out", str(out), "--max-requests", "30", "--export", str(ex)])
+    s = json.loads((out / "summary.json").read_text())
+    assert rc == 0, s["errors"]
+    assert s["device"] == "cuda" and s["targets_apply"] is True and s["gpu_preset"] == "h200"
+    assert s["profile_measured"] is True and set(s["replay"]) == {"direct", "kernel"}
+    assert {p.name for p in ex.iterdir()} == {
+        ARCHIVE,
+        "summary.json",
+        "summary.md",
+        "h200-measured.json",
+    }
+    prof = json.loads((ex / "h200-measured.json").read_text())
+    assert prof["measured"] is True and prof["gpu"] == "h200" and prof["link"] == "pcie5-x16"
+    md = (ex / "summary.md").read_text()
+    assert "CPU run" not in md and "sim/profiles/h200-measured.json" in md
