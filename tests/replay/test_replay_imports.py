@@ -64,7 +64,7 @@ def test_without_torch_copy_steps_fail_cleanly_and_calibrate_works(tmp_path: Pat
         "from replay.bench import BenchConfig, run_bench, write_bench\n"
         "from replay.runtime import CpuRuntime\n"
         "cfg = BenchConfig.quick(plain_sizes=(4096, 65536), bidir_sizes=(65536,), "
-        "op_pages=(1, 16, 64), op_layers=(1,), repeats=3)\n"
+        "op_pages=(1, 16, 64), op_layers=(1,), repeats=3, flush_bytes=0)\n"
         "rt = CpuRuntime()\n"
         f"write_bench(run_bench(cfg, rt), cfg, rt, Path({str(tmp_path / 'b')!r}), 0.0)\n"
     )
