@@ -63,12 +63,14 @@ def run_check(
     max_requests: int = 0,
     model: str = "llama-3-8b",
     gpu: str | None = None,
+    flush_bytes: int | None = None,
 ) -> dict[str, Any]:
     """Run the whole check into ``out`` (see the module docstring); returns the summary.
 
     ``gpu``: the ``sim.hardware`` preset the profile is for (default: detected from the CUDA
     device name; ``h100-sxm`` on CPU, where the profile is unmeasured anyway). ``ValueError``
-    for a CUDA device that matches no preset and no ``gpu`` given."""
+    for a CUDA device that matches no preset and no ``gpu`` given. ``flush_bytes``: the cache
+    flush of bench and replays (default ``BenchConfig.flush_bytes``; 0 = off)."""
     import torch
 
     from replay.runtime import make_runtime
@@ -83,7 +85,7 @@ def run_check(
     stages = _Stages()
     try:
         with stages.sigint_stops_stages():
-            return _check(stages, out, rt, trace_kind, max_requests, model, gpu, t_all)
+            return _check(stages, out, rt, trace_kind, max_requests, model, gpu, flush_bytes, t_all)
     finally:
         rt.close()
 
@@ -194,6 +196,7 @@ def _check(
     max_requests: int,
     model: str,
     gpu: str | None,
+    flush_bytes: int | None,
     t_all: float,
 ) -> dict[str, Any]:
     import numpy as np
@@ -228,6 +231,8 @@ def _check(
     print(f"device check on {rt.kind} ({info['gpu_name']}); profile for {gpu} + {link}")
     plan = check_plan(cuda, model)
     cfg, geometry, budgets = plan.bench, plan.geometry, plan.budgets
+    if flush_bytes is not None:
+        cfg = replace(cfg, flush_bytes=flush_bytes)
     max_requests = max_requests or plan.max_requests
 
     # Each stage is isolated: on a GPU lent for a few minutes, a failure in one stage (say, the
@@ -294,6 +299,7 @@ def _check(
                 num_layers=geometry.get("num_layers"),
                 token_layer_bytes=geometry.get("token_layer_bytes"),
                 peak_bytes=min(256 << 20, budgets[0] // 4),
+                flush_bytes=cfg.flush_bytes,
             )
             if not cuda:
                 settings = replace(settings, verify=True, large_op_bytes=1 << 20)
@@ -381,6 +387,7 @@ def _check(
         "targets": checks,
         "targets_apply": cuda,
         "runtime_notes": list(rt.notes),
+        "flush_bytes": cfg.flush_bytes,
         "stage_s": stage_s,
         "errors": errors,
         "wall_s": time.perf_counter() - t_all,
@@ -507,6 +514,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--max-requests", type=int, default=0, help="default 200 (CUDA), 120 (CPU)")
     p.add_argument("--model", default="llama-3-8b")
     p.add_argument("--gpu", help="sim.hardware GPU preset of the profile (default: detected)")
+    p.add_argument(
+        "--flush-mib",
+        type=float,
+        help="scratch MiB written before each bench op and where a forward pass would run in "
+        "the replays (default 64; 0 = off, to see what cold caches change)",
+    )
     p.add_argument("--force", action="store_true", help="replace any non-empty --out")
     p.add_argument("--strict", action="store_true", help="exit 1 when a CUDA target is missed")
     p.add_argument(
@@ -539,6 +552,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as e:
         print(f"device_check: {e}", file=sys.stderr)
         return 2
+    flush = None
+    if args.flush_mib is not None:
+        if args.flush_mib < 0:
+            print(
+                f"device_check: --flush-mib must be >= 0, got {args.flush_mib:g}", file=sys.stderr
+            )
+            return 2
+        flush = int(args.flush_mib * (1 << 20)) // 8 * 8
     out: Path = args.out
     if args.export is not None:
         ex = args.export.resolve()
@@ -559,7 +580,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
     try:
-        s = run_check(out, args.device, args.trace, args.max_requests, args.model, args.gpu)
+        s = run_check(out, args.device, args.trace, args.max_requests, args.model, args.gpu, flush)
     except ValueError as e:
         print(f"device_check: {e}", file=sys.stderr)
         return 2

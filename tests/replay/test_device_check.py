@@ -52,6 +52,19 @@ def test_device_check_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert (other / "keep.txt").is_file()
 
 
+def test_the_cache_flush_can_be_turned_off_for_bench_and_replays(tmp_path: Path) -> None:
+    out = tmp_path / "dc"
+    assert main(["--out", str(out), "--device", "cpu", "--flush-mib", "-1"]) == 2
+    assert not out.exists()
+    rc = main(["--out", str(out), "--device", "cpu", "--max-requests", "10", "--flush-mib", "0"])
+    assert rc == 0
+    assert json.loads((out / "summary.json").read_text())["flush_bytes"] == 0
+    assert json.loads((out / "bench" / "meta.json").read_text())["config"]["flush_bytes"] == 0
+    for b in ("direct", "kernel"):
+        cfg = json.loads((out / f"replay-{b}" / "config.json").read_text())
+        assert cfg["flush_bytes"] == 0
+
+
 @pytest.mark.skipif(cuda_available(), reason="checks the no-CUDA error path")
 def test_device_check_needs_cuda_when_asked(tmp_path: Path) -> None:
     assert main(["--out", str(tmp_path / "x"), "--device", "cuda"]) == 2
