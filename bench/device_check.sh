@@ -2,7 +2,8 @@
 # The one prepared GPU run: the CUDA tests, then bench + calibrate + short replay
 # (python -m replay.device_check), everything that matters flat in OUT_DIR.
 #
-#   bash bench/device_check.sh OUT_DIR          # on a CUDA machine (a lent H100/H200)
+#   bash bench/device_check.sh OUT_DIR [ARGS]   # on a CUDA machine (a lent H100/H200); ARGS go
+#                                               # to replay.device_check (e.g. --flush-mib 0)
 #   DEVICE=cpu bash bench/device_check.sh DIR   # the same plumbing on CPU tensors (the tests)
 #
 # Needs only a python with torch, numpy, pandas and pyarrow (PY, default python3): no virtualenv
@@ -46,7 +47,7 @@ fi
 # SIGINT at the limit, not SIGTERM: the check then stops its current stage, writes the summary
 # of the finished ones and exports it; KILL follows 15 s later only if that hangs
 timeout -s INT -k 15 "${CHECK_TIMEOUT:-240}" "$PY" -m replay.device_check --device "$DEVICE" \
-  --out "$WORK" --export "$out" 2>&1 | tee "$out/device-check.log"
+  --out "$WORK" --export "$out" "${@:2}" 2>&1 | tee "$out/device-check.log"
 rc=${PIPESTATUS[0]}
 echo "device check: exit $rc" | tee -a "$out/env.txt"
 exit "$rc"
