@@ -1,8 +1,9 @@
 """Bench + calibrate + a short trace replay in one go: ``python -m replay.device_check --out DIR``.
 
-Meant for a CUDA machine (``make device-check``), where it takes a few minutes on an H100/H200;
-``--device cpu`` runs the same pipeline on CPU tensors with a smaller geometry (seconds), which
-is how the tests and CI prove it end to end. Everything goes under ``DIR``:
+Meant for a CUDA machine (``make device-check``), where it should take a few minutes on an
+H100/H200 (not yet run on one); ``--device cpu`` runs the same pipeline on CPU tensors with a
+smaller geometry (seconds), which is how the tests and CI prove it end to end. Everything
+goes under ``DIR``:
 
 * ``bench/``: the microbenchmark table (``bench.parquet``/``.csv``, ``meta.json``);
 * ``profile.json``: the calibrated profile (``"measured": true`` only on CUDA); on CUDA also a
@@ -102,8 +103,9 @@ class CheckPlan:
 
 
 def check_plan(cuda: bool, model: str) -> CheckPlan:
-    """The plan for a CUDA device (the model's real geometry, about 2 minutes on an H100/H200)
-    or for CPU tensors (a small geometry, seconds)."""
+    """The plan for a CUDA device (the model's real geometry; estimated at 1.5-2.5 minutes on
+    an H100/H200 from the copies and bytes it moves, not yet timed on one) or for CPU tensors
+    (a small geometry, seconds)."""
     from replay.bench import BenchConfig
 
     if cuda:

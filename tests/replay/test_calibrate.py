@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from replay.bench import COLUMNS
+from replay.bench import _DEFAULTS, COLUMNS
 from replay.calibrate import calibrate, fit_eta, fit_link, predict_ops
 from sim.latency import load_profile, save_profile
 
@@ -32,22 +32,8 @@ def synthetic_bench(noise: float = 0.005, seed: int = 0, eta: float = 0.8) -> pd
     rows: list[dict[str, Any]] = []
 
     def add(durations: list[float], **cols: Any) -> None:
-        base = {
-            "kind": "",
-            "backend": "plain",
-            "direction": "",
-            "host_memory": "pinned",
-            "layout": "",
-            "bytes": 0,
-            "pages": 0,
-            "run_pages": 0,
-            "runs": 1,
-            "layers": 1,
-            "n_alpha": 1,
-            "n_gamma": 0,
-            "calls": 1,
-            "flops": 0.0,
-        }
+        # the bench's own defaults, pinned host memory as on a GPU
+        base = {**_DEFAULTS, "host_memory": "pinned"}
         base.update(cols)
         for i, d in enumerate(durations):
             rows.append({**base, "repeat": i, "duration_s": d * (1 + rng.normal(0, noise))})
