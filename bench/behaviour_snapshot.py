@@ -1,0 +1,190 @@
+"""Snapshot every decision-bearing output of the CLI, to show a refactor changed no behaviour.
+
+Runs, through the installed ``hicache-sim`` command (so it works across module moves):
+
+* ``hitrate`` over several configurations (write policies, evictions incl. oracle, page sizes,
+  with and without a host tier);
+* ``demo`` (its four timed runs and its cache-only grid);
+* ``sweep examples/quick.toml`` (24 timed runs);
+* extra timed runs through the scheduler paths the demo does not reach (chunked prefill, LPM,
+  retraction under a tiny pool, closed-loop sessions, outputs=skip);
+* ``replay run`` on CPU tensors (the cache counters only: op times are measured).
+
+Every ``summary.json`` field is kept except wall-clock ones. ``--save FILE`` writes the
+snapshot; ``--compare FILE`` recomputes it and lists every difference (exit 1 if any).
+
+    python bench/behaviour_snapshot.py --save bench/baselines/behaviour.json
+    python bench/behaviour_snapshot.py --compare bench/baselines/behaviour.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import hashlib
+import json
+import math
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+CONV = ROOT / "traces/data/mooncake/conversation_trace.jsonl"
+MULTI = ROOT / "traces/data/synthetic/multiturn.jsonl"
+SHARED = ROOT / "traces/data/synthetic/shared-prefix.jsonl"
+LONG = Path("<long>")  # generated: see snapshot()
+# wall-clock fields: the only ones allowed to differ
+WALL = {"wall_s", "wall_time_s", "sim_wall_s", "replay_s", "elapsed_s", "requests_per_s"}
+
+HITRATE = [
+    (CONV, ["--device-tokens", "1000000,4000000", "--hicache-ratio", "2", "--page-size", "64",
+            "--eviction", "lru,lfu", "--write-policy",
+            "write_through,write_through_selective,write_back"]),
+    (CONV, ["--device-tokens", "2000000", "--host-tokens", "0,6000000", "--page-size", "64",
+            "--eviction", "oracle,fifo,mru,filo,priority"]),
+    (MULTI, ["--device-tokens", "4096,16384", "--hicache-ratio", "2", "--page-size", "16",
+             "--eviction", "lru,lfu", "--write-policy", "write_through,write_back",
+             "--outputs", "skip"]),
+    (MULTI, ["--device-tokens", "4096", "--hicache-ratio", "2", "--page-size", "1",
+             "--eviction", "lru,slru", "--write-policy", "write_through_selective,write_back"]),
+    (SHARED, ["--device-tokens", "8192", "--hicache-ratio", "4", "--page-size", "16",
+              "--eviction", "lru,oracle"]),
+]  # fmt: skip
+
+RUNS = {
+    "chunk512": (CONV, ["workload.max_requests=1500", "scheduler.chunked_prefill_size=512",
+                        "workload.rate_scale=0.25"]),
+    "lpm_wb": (CONV, ["workload.max_requests=1500", "scheduler.policy=lpm",
+                      "cache.write_policy=write_back", "workload.rate_scale=0.5"]),
+    "small_wb": (MULTI, ["gpu.device_tokens=4096", "cache.write_policy=write_back",
+                         "cache.eviction=lfu"]),
+    "small_chunked": (MULTI, ["gpu.device_tokens=3072", "cache.hicache_ratio=4",
+                              "scheduler.chunked_prefill_size=1024"]),
+    # long outputs under a small pool: the decode memory check retracts (~25 retractions)
+    "retract": (LONG, ["gpu.device_tokens=16384", "scheduler.max_running_requests=64"]),
+    "retract_wb_lpm": (LONG, ["gpu.device_tokens=32768", "scheduler.max_running_requests=64",
+                              "cache.write_policy=write_back", "scheduler.policy=lpm"]),
+    "open_loop_skip": (SHARED, ["gpu.device_tokens=16384", "workload.closed_loop=off",
+                                "workload.outputs=skip"]),
+    "no_host": (MULTI, ["gpu.device_tokens=8192", "cache.enable_host=false"]),
+    "selective": (MULTI, ["gpu.device_tokens=8192", "cache.write_policy=write_through_selective",
+                          "cache.page_size=16"]),
+}  # fmt: skip
+
+
+def _cli(*args: str) -> None:
+    exe = shutil.which("hicache-sim") or str(Path(sys.executable).parent / "hicache-sim")
+    r = subprocess.run([exe, *args], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"hicache-sim {' '.join(args)} failed:\n{r.stderr[-3000:]}")
+
+
+def _clean(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in sorted(obj.items()) if k not in WALL}
+    if isinstance(obj, list):
+        return [_clean(v) for v in obj]
+    if isinstance(obj, float) and math.isnan(obj):
+        return "nan"
+    return obj
+
+
+def _csv_rows(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as f:
+        return [{k: v for k, v in row.items() if k not in WALL} for row in csv.DictReader(f)]
+
+
+def _summaries(folder: Path) -> dict[str, Any]:
+    """Every summary.json below ``folder``, plus a digest of each run's per-request table
+    (every decision shows in some request's times or hit counts)."""
+    import pandas as pd
+
+    out = {}
+    for p in sorted(folder.rglob("summary.json")):
+        s = _clean(json.loads(p.read_text()))
+        req = p.parent / "requests.parquet"
+        if req.exists():
+            df = pd.read_parquet(req)
+            text = df.round(9).to_csv(index=False).encode()
+            s["requests_table_sha256"] = hashlib.sha256(text).hexdigest()
+        out[str(p.parent.relative_to(folder))] = s
+    return out
+
+
+def snapshot(tmp: Path) -> dict[str, Any]:
+    snap: dict[str, Any] = {}
+    for i, (trace, args) in enumerate(HITRATE):
+        out = tmp / f"hitrate{i}.csv"
+        _cli("hitrate", str(trace), *args, "--csv", str(out), "--jobs", "2")
+        snap[f"hitrate{i}"] = _csv_rows(out)
+    _cli("demo", "--out", str(tmp / "demo"), "--jobs", "2")
+    snap["demo"] = _summaries(tmp / "demo")
+    snap["demo_hitrate"] = _csv_rows(tmp / "demo/hitrate.csv")
+    _cli("sweep", str(ROOT / "examples/quick.toml"), "--out", str(tmp / "quick"), "--jobs", "2")
+    snap["quick"] = _summaries(tmp / "quick")
+    long = tmp / "long.jsonl"
+    _cli("trace", "gen", "multiturn", "--clients", "32", "--rounds", "3", "--output-length",
+         "1500", "--request-length", "256", "--request-rate", "50", "--no-closed-loop",
+         "--out", str(long))  # fmt: skip
+    for name, (trace, sets) in RUNS.items():
+        out = tmp / "runs" / name
+        _cli("run", str(long if trace == LONG else trace), "--out", str(out), *[a for s in sets for a in ("--set", s)])
+        snap[f"run:{name}"] = _summaries(out)
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        snap["replay"] = "skipped: no torch"
+    else:
+        out = tmp / "replay"
+        _cli("replay", "run", str(MULTI), "--device", "cpu", "--out", str(out),
+             "--device-mem-gb", "0.05", "--host-mem-gb", "0.2", "--layers", "2",
+             "--flush-mib", "0")  # fmt: skip
+        snap["replay"] = _clean(json.loads((out / "summary.json").read_text())["cache"])
+    return snap
+
+
+def _diff(a: Any, b: Any, path: str, out: list[str]) -> None:
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b)):
+            if k not in a or k not in b:
+                out.append(f"{path}/{k}: only in {'new' if k in b else 'saved'}")
+            else:
+                _diff(a[k], b[k], f"{path}/{k}", out)
+    elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _diff(x, y, f"{path}[{i}]", out)
+    elif a != b:
+        out.append(f"{path}: saved {a!r} != new {b!r}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    g = ap.add_mutually_exclusive_group(required=True)
+    g.add_argument("--save", type=Path)
+    g.add_argument("--compare", type=Path)
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as d:
+        snap = snapshot(Path(d))
+    # paths under the temp folder differ run to run; the structure is what matters
+    text = json.dumps(snap, indent=1, sort_keys=True).replace(d, "<tmp>")
+    print(f"snapshot in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    if args.save:
+        args.save.parent.mkdir(parents=True, exist_ok=True)
+        args.save.write_text(text + "\n")
+        return 0
+    saved = json.loads(args.compare.read_text())
+    diffs: list[str] = []
+    _diff(saved, json.loads(text), "", diffs)
+    for line in diffs[:200]:
+        print(line)
+    print(f"{len(diffs)} differences")
+    return 1 if diffs else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
