@@ -132,7 +132,13 @@ def snapshot(tmp: Path) -> dict[str, Any]:
          "--out", str(long))  # fmt: skip
     for name, (trace, sets) in RUNS.items():
         out = tmp / "runs" / name
-        _cli("run", str(long if trace == LONG else trace), "--out", str(out), *[a for s in sets for a in ("--set", s)])
+        _cli(
+            "run",
+            str(long if trace == LONG else trace),
+            "--out",
+            str(out),
+            *[a for s in sets for a in ("--set", s)],
+        )
         snap[f"run:{name}"] = _summaries(out)
     try:
         import torch  # noqa: F401

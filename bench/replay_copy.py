@@ -67,10 +67,10 @@ def main() -> None:
                            device_budget_bytes=1 << 30, host_budget_bytes=1 << 30)  # fmt: skip
         walls, n_ops = [], 0
         for _ in range(args.repeat):
+            from hicache.policy import PageAllocator
+            from hicache.policy.allocator import device_pool
             from replay.controller import TorchController
             from replay.pools import KVPools
-            from sim.policy import PageAllocator
-            from sim.policy.allocator import device_pool
 
             spec = s.pools().spec
             pools = KVPools(spec, rt)

@@ -23,7 +23,7 @@ TRACE = ROOT / "traces/data/mooncake/conversation_trace.jsonl"
 
 CHILD = r"""
 import json, resource, sys, time
-from sim.config import load_config
+from hicache.config import load_config
 from sim.engine import run_simulation
 from traces.io import read_trace
 n, rate = int(sys.argv[1]), float(sys.argv[2])
@@ -65,7 +65,7 @@ def main() -> None:
         import cProfile
         import pstats
 
-        from sim.config import load_config
+        from hicache.config import load_config
         from sim.engine import run_simulation
         from traces.io import read_trace
 

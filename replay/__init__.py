@@ -12,13 +12,13 @@ The modules, from the bottom up:
 * :mod:`replay.controller`: :class:`~replay.controller.TorchController`, the policy core's
   TransferController doing those copies, acking in FIFO order when their marks complete.
 * :mod:`replay.bench`, :mod:`replay.calibrate`: microbenchmarks and the least-squares fit of
-  ``sim.latency``'s constants to them.
+  ``hicache.latency``'s constants to them.
 * :mod:`replay.driver`, :mod:`replay.run`: a trace through the policy core on real copies, in
   batches, and the run around it (settings, plain-copy peak, measured vs predicted per op).
-* :mod:`replay.cli`: the ``hicache-sim replay`` command; :mod:`replay.device_check`: bench +
+* :mod:`cli.replay`: the ``hicache-sim replay`` command; :mod:`replay.device_check`: bench +
   calibrate + short replay in one go on a CUDA machine (``make device-check``).
 * :mod:`replay.outputs` (atomic Parquet/CSV/JSON writes) and :mod:`replay.presets` (CUDA device
-  name -> ``sim.hardware`` GPU preset): small helpers without torch.
+  name -> ``hicache.hardware`` GPU preset): small helpers without torch.
 
 Importing this package imports nothing (torch included): every module imports torch itself, so
 ``hicache-sim --help`` works without torch.

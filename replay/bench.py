@@ -18,7 +18,7 @@ Four sweeps, each row one timed repeat (after ``warmup`` untimed ones):
 
 Row columns: ``kind, backend, direction, host_memory, layout, bytes, pages, run_pages, runs,
 layers, n_alpha, n_gamma, calls, flops, repeat, duration_s``. ``n_alpha`` / ``n_gamma`` are how
-many times the latency model charges ``alpha`` / ``gamma`` for the row (``sim.latency``:
+many times the latency model charges ``alpha`` / ``gamma`` for the row (``hicache.latency``:
 ``write_op_time`` charges alpha once and gamma per run and layer, ``load_op_time`` alpha per
 layer), so the fit is one least-squares problem on ``[n_alpha, n_gamma, bytes]``. On ``gemm``
 rows, ``layout`` names the GEMM (``qkv``, ``o``, ``gate_up``, ``down``).
@@ -128,8 +128,8 @@ class BenchConfig:
     @classmethod
     def for_model(cls, model: str, tp: int = 1, page_size: int = 64, **kw: Any) -> BenchConfig:
         """Defaults with the op geometry (bytes per token per layer, layers, parts) of a
-        ``sim.hardware`` model preset."""
-        from sim.hardware import get_model, kv_bytes_per_token
+        ``hicache.hardware`` model preset."""
+        from hicache.hardware import get_model, kv_bytes_per_token
 
         m = get_model(model)
         tlb = kv_bytes_per_token(m, tp) // m.num_layers
@@ -167,12 +167,12 @@ def model_gemm_shapes(model: str, tp: int = 1) -> tuple[tuple[str, int, int], ..
     MLP (``gate_up`` ``hidden -> 2 I``, ``down`` ``I -> hidden``) whose width ``I`` makes the
     layer's weights add up to the preset's ``body_active_params / layers`` (14,336 for
     Llama-3-8B, as its config says). Column-parallel GEMMs split ``n`` by ``tp``, row-parallel
-    ones ``k``. The FLOPs these shapes do per token are what ``sim.latency`` charges as the
+    ones ``k``. The FLOPs these shapes do per token are what ``hicache.latency`` charges as the
     linear part of prefill, so their measured rate is its ``mfu``.
 
     MoE and MLA presets get the same dense shapes with the active weights (an approximation:
     their experts run as several smaller GEMMs, and MLA projects through a latent)."""
-    from sim.hardware import get_model
+    from hicache.hardware import get_model
 
     m = get_model(model)
     if tp < 1:

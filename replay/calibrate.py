@@ -1,6 +1,6 @@
-"""Fit ``sim.latency``'s transfer constants to measurements and write a profile JSON.
+"""Fit ``hicache.latency``'s transfer constants to measurements and write a profile JSON.
 
-The model (``sim.latency``): an op that pays ``n_alpha`` fixed costs, ``n_gamma`` per-run costs
+The model (``hicache.latency``): an op that pays ``n_alpha`` fixed costs, ``n_gamma`` per-run costs
 and moves ``bytes`` takes ``n_alpha * alpha + n_gamma * gamma + bytes / beta``; a write pays
 alpha once and gamma per run and layer, a load alpha per layer (``write_op_time`` /
 ``load_op_time``). Per IO backend and direction, :func:`fit_link` solves for ``(alpha, gamma,
@@ -36,8 +36,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from hicache.latency import BACKENDS, DIRECTIONS, LinkParams, Profile
 from replay.outputs import read_json, read_table
-from sim.latency import BACKENDS, DIRECTIONS, LinkParams, Profile
 
 #: bidir sizes at least this large estimate eta (alpha is negligible there)
 ETA_MIN_BYTES = 16 * 1024 * 1024
@@ -209,7 +209,7 @@ class Calibration:
 
 
 def _default_compute(gpu: str, link: str) -> tuple[Profile, str]:
-    from sim.latency import default_profile_path, load_profile
+    from hicache.latency import default_profile_path, load_profile
 
     path = default_profile_path(gpu, link)
     if path.is_file():
@@ -241,14 +241,14 @@ def calibrate(
     kernel_layout: str | None = None,
     source: str = "",
 ) -> Calibration:
-    """Fit a :class:`~sim.latency.Profile` for ``gpu`` + ``link`` (``sim.hardware`` preset names)
-    from a benchmark table and its ``meta.json`` dict (see the module docstring).
+    """Fit a :class:`~hicache.latency.Profile` for ``gpu`` + ``link`` (``hicache.hardware``
+    preset names) from a benchmark table and its ``meta.json`` dict (see the module docstring).
 
     ``kernel_layout`` selects which host layout's kernel ops to fit (default: ``page_first``
     when measured, SGLang's default, else ``layer_first``). ``ValueError`` if a backend and
     direction has no rows.
     """
-    from sim.hardware import get_gpu, get_link
+    from hicache.hardware import get_gpu, get_link
 
     gpu_spec = get_gpu(gpu)
     get_link(link)

@@ -1,6 +1,6 @@
 """TorchController: the policy core's TransferController, doing every copy for real.
 
-It is :class:`sim.policy.controller.BaseController` (page allocation, FIFO ack queues, the
+It is :class:`hicache.policy.controller.BaseController` (page allocation, FIFO ack queues, the
 SGLang semantics documented there) with the copies of :mod:`replay.transfer`:
 
 * ``write`` -> one :class:`~replay.transfer.Transfer` on the write stream, issued at once;
@@ -24,11 +24,11 @@ from collections import OrderedDict
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from hicache.policy.allocator import PageAllocator
+from hicache.policy.controller import BaseController, LoadBatch, WriteOp
 from replay.pools import KVPools
 from replay.runtime import Runtime
 from replay.transfer import CopyEngine, Transfer
-from sim.policy.allocator import PageAllocator
-from sim.policy.controller import BaseController, LoadBatch, WriteOp
 
 #: SGLang's LayerDoneCounter ring size (POLICY_CORE.md §4.3).
 LOAD_RING = 3

@@ -7,7 +7,7 @@ goes under ``DIR``:
 
 * ``bench/``: the microbenchmark table (``bench.parquet``/``.csv``, ``meta.json``);
 * ``profile.json``: the calibrated profile (``"measured": true`` only on CUDA); on CUDA also a
-  copy named ``<gpu>-measured.json``, ready to commit as ``sim/profiles/<gpu>-measured.json``;
+  copy named ``<gpu>-measured.json``, ready to commit as ``hicache/profiles/<gpu>-measured.json``;
 * ``replay-direct/``, ``replay-kernel/``: the bundled synthetic trace replayed with each IO
   backend, predicted with the calibrated profile (``ops.parquet``, ``summary.json``);
 * ``summary.json``, ``summary.md``: the figures against the targets of the replay issue:
@@ -68,7 +68,7 @@ def run_check(
 ) -> dict[str, Any]:
     """Run the whole check into ``out`` (see the module docstring); returns the summary.
 
-    ``gpu``: the ``sim.hardware`` preset the profile is for (default: detected from the CUDA
+    ``gpu``: the ``hicache.hardware`` preset the profile is for (default: detected from the CUDA
     device name; ``h100-sxm`` on CPU, where the profile is unmeasured anyway). ``ValueError``
     for a CUDA device that matches no preset and no ``gpu`` given. ``flush_bytes``: the cache
     flush of bench and replays (default ``BenchConfig.flush_bytes``; 0 = off)."""
@@ -203,14 +203,14 @@ def _check(
 ) -> dict[str, Any]:
     import numpy as np
 
+    from hicache.config import load_config
+    from hicache.hardware import get_gpu
+    from hicache.latency import save_profile
     from replay.bench import bench_table, run_bench, write_bench
     from replay.calibrate import calibrate, error_stats, op_rows_for_fit, predict_ops, rel_errors
     from replay.outputs import write_json, write_text
     from replay.presets import gpu_preset_for
     from replay.run import format_summary, run_replay, settings_from_config
-    from sim.config import load_config
-    from sim.hardware import get_gpu
-    from sim.latency import save_profile
     from traces.bundled import synthetic_path
     from traces.io import read_trace
 
@@ -227,7 +227,7 @@ def _check(
         gpu = gpu_preset_for(info["gpu_name"]) if cuda else "h100-sxm"
         if gpu is None:
             raise ValueError(
-                f"GPU {info['gpu_name']!r} matches no sim.hardware preset; pass --gpu NAME"
+                f"GPU {info['gpu_name']!r} matches no hicache.hardware preset; pass --gpu NAME"
             )
     link = get_gpu(gpu).default_link
     print(f"device check on {rt.kind} ({info['gpu_name']}); profile for {gpu} + {link}")
@@ -460,7 +460,7 @@ def format_check(s: dict[str, Any]) -> str:
         lines += [
             "",
             f"commit: cp {Path(s['profile']).parent / (gpu + '-measured.json')} "
-            f"sim/profiles/{gpu}-measured.json",
+            f"hicache/profiles/{gpu}-measured.json",
         ]
     return "\n".join(lines)
 
@@ -515,7 +515,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--max-requests", type=int, default=0, help="default 200 (CUDA), 120 (CPU)")
     p.add_argument("--model", default="llama-3-8b")
-    p.add_argument("--gpu", help="sim.hardware GPU preset of the profile (default: detected)")
+    p.add_argument("--gpu", help="hicache.hardware GPU preset of the profile (default: detected)")
     p.add_argument(
         "--flush-mib",
         type=float,

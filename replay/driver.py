@@ -29,9 +29,9 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from hicache.lifecycle import ReqKV, admit, cache_finished_req, cache_unfinished_req
+from hicache.policy import HiRadixCache, PageKey
 from replay.controller import TorchController
-from sim.policy import HiRadixCache, PageKey
-from sim.policy.requests import ReqKV, admit, cache_finished_req, cache_unfinished_req
 
 _MASK = (1 << 62) - 1
 

@@ -249,12 +249,12 @@ def model_pools(
     num_layers: int | None = None,
     token_layer_bytes: int | None = None,
 ) -> PoolSizing:
-    """:func:`size_pools` for a ``sim.hardware`` model preset on one rank of ``tp``.
+    """:func:`size_pools` for a ``hicache.hardware`` model preset on one rank of ``tp``.
 
     ``num_layers`` / ``token_layer_bytes`` override the model's geometry (to shrink a replay
     further, e.g. in tests); each override is recorded in the notes.
     """
-    from sim.hardware import get_model, kv_bytes_per_token
+    from hicache.hardware import get_model, kv_bytes_per_token
 
     model = get_model(model_name)
     layers = model.num_layers

@@ -1,11 +1,11 @@
-"""Map a CUDA device name to the ``sim.hardware`` GPU preset it is (standard library only, so
+"""Map a CUDA device name to the ``hicache.hardware`` GPU preset it is (standard library only, so
 ``calibrate`` can use it without torch)."""
 
 from __future__ import annotations
 
 
 def gpu_preset_for(name: str) -> str | None:
-    """The ``sim.hardware`` GPU preset for a CUDA device name (``"NVIDIA H200"`` -> ``"h200"``),
+    """The ``hicache.hardware`` GPU preset for a CUDA device name (``"NVIDIA H200"`` -> ``"h200"``),
     or None if there is none."""
     n = name.upper()
     # GH200 before H200: "GH200" contains "H200"

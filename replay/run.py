@@ -1,10 +1,10 @@
 """Replay a trace with every write and load done as a real copy; measured vs predicted.
 
 ``hicache-sim replay run TRACE``: :class:`~replay.driver.TraceReplayer` sends the requests
-through :class:`~sim.policy.HiRadixCache` (the same code the simulator runs) on a
+through :class:`~hicache.policy.HiRadixCache` (the same code the simulator runs) on a
 :class:`~replay.controller.TorchController`, so every backup and load_back moves real bytes
 between a device KV tensor and a (pinned) host tensor; compute is not executed. Each op is timed
-and set beside what ``sim.latency`` predicts for it (``write_op_time`` / ``load_op_time`` with
+and set beside what ``hicache.latency`` predicts for it (``write_op_time`` / ``load_op_time`` with
 the profile's constants for the backend, uncoupled: the driver never overlaps the two
 directions). :func:`run_replay` also measures the plain large-copy peak of the same machine and
 reports the large ops' effective bandwidth against it.
@@ -22,13 +22,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from hicache.latency import Profile, load_op_time, write_op_time
+from hicache.policy import PageAllocator
+from hicache.policy.allocator import device_pool
 from replay.controller import TorchController
 from replay.driver import TraceReplayer, trace_requests
 from replay.pools import KVPools, PoolSizing, model_pools
 from replay.runtime import Runtime
-from sim.latency import Profile, load_op_time, write_op_time
-from sim.policy import PageAllocator
-from sim.policy.allocator import device_pool
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -99,14 +99,14 @@ class ReplaySettings:
 
 
 def settings_from_config(cfg: Any, **overrides: Any) -> ReplaySettings:
-    """:class:`ReplaySettings` from a ``sim.config.SimConfig`` (pools from ``resolve_pools``,
+    """:class:`ReplaySettings` from a ``hicache.config.SimConfig`` (pools from ``resolve_pools``,
     io backend and layout from ``link``), then ``overrides`` (``None`` values ignored).
 
     ``page_first_direct`` (what SGLang uses for direct IO with a page_first pool) is replayed
     as ``layer_first``: per page and layer both copy one contiguous chunk, so the direct copies
     are the same; the substitution is noted. ``page_head`` is not replayed.
     """
-    from sim.config import resolve_pools
+    from hicache.config import resolve_pools
 
     device_tokens, host_tokens, _ = resolve_pools(cfg)
     layout = cfg.link.mem_layout
@@ -145,7 +145,7 @@ def settings_from_config(cfg: Any, **overrides: Any) -> ReplaySettings:
 
 
 def predict(profile: Profile, ops: pd.DataFrame) -> np.ndarray:
-    """``sim.latency``'s seconds for each op row (``kind, backend, nbytes, runs, layers``),
+    """``hicache.latency``'s seconds for each op row (``kind, backend, nbytes, runs, layers``),
     uncoupled (the replay never overlaps the two directions)."""
     out = np.empty(len(ops))
     for i, (kind, b, nb, runs, layers) in enumerate(

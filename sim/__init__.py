@@ -1,7 +1,2 @@
-"""hicache-sim: a faithful model of SGLang HiCache (HiRadixCache v0.5.14).
-
-Kept deliberately light: importing ``sim`` loads nothing heavy, so ``import sim.policy`` pulls in
-neither SimPy nor pandas.
-"""
-
-__version__ = "0.1.0"
+"""sim: time, with SimPy. The timed engine (scheduler, PCIe link, SimController, recorder) and
+the cache-only replay, both driving the shared model in :mod:`hicache`."""

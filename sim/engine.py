@@ -18,11 +18,11 @@ from typing import Any
 
 import simpy
 
+from hicache.policy import HiRadixCache, PageAllocator, PageKey
+from hicache.policy.allocator import device_pool
+from hicache.policy.controller import BaseController, LoadBatch, WriteOp
 from sim.link import DuplexLink, Job
 from sim.metrics import Recorder, summarize, write_json_atomic, write_parquet_atomic
-from sim.policy import HiRadixCache, PageAllocator, PageKey
-from sim.policy.allocator import device_pool
-from sim.policy.controller import BaseController, LoadBatch, WriteOp
 from sim.scheduler import Scheduler, SchedulerParams, SimReq
 
 
@@ -324,10 +324,10 @@ class Engine:
 
 
 def build_costs(cfg: Any) -> Costs:
-    """The latency model for a resolved :class:`sim.config.SimConfig`."""
-    from sim import latency
-    from sim.config import resolve_pools
-    from sim.hardware import get_gpu, get_model
+    """The latency model for a resolved :class:`hicache.config.SimConfig`."""
+    from hicache import latency
+    from hicache.config import resolve_pools
+    from hicache.hardware import get_gpu, get_model
 
     model = get_model(cfg.model.name)
     gpu = get_gpu(cfg.gpu.name)
@@ -369,7 +369,7 @@ def run_simulation(
     cfg: Any, trace: Any, out_dir: Path | None = None, progress: bool | None = None
 ) -> dict[str, Any]:
     """Run ``cfg`` over ``trace``; write the run directory if ``out_dir``; return the summary."""
-    from sim.config import config_to_dict, resolve_pools
+    from hicache.config import config_to_dict, resolve_pools
 
     t0 = time.perf_counter()
     device_tokens, host_tokens, _ = resolve_pools(cfg)
@@ -410,7 +410,7 @@ def run_simulation(
             else None,
             "closed_loop": closed_loop,
         }  # fmt: skip
-        from sim import __version__
+        from hicache import __version__
 
         conf["version"] = __version__
         write_json_atomic(conf, out_dir / "config.json")

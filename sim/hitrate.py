@@ -31,7 +31,8 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from sim.policy import (
+from hicache.lifecycle import admit, cache_finished_req, cache_unfinished_req
+from hicache.policy import (
     STRATEGIES,
     WRITE_POLICIES,
     HiRadixCache,
@@ -40,8 +41,7 @@ from sim.policy import (
     PageKey,
     TreeNode,
 )
-from sim.policy.allocator import device_pool
-from sim.policy.requests import admit, cache_finished_req, cache_unfinished_req
+from hicache.policy.allocator import device_pool
 
 OUTPUT_MODES = ("cache", "skip")
 EVICTIONS = (*STRATEGIES, "oracle")

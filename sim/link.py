@@ -2,7 +2,8 @@
 
 CUDA copies in one direction serialise (one copy engine per direction, in-order streams); the
 two directions run at the same time, each slower while the other is busy. A job's service time
-alone is ``alpha + runs * gamma + bytes / beta`` (from :mod:`sim.latency`, computed by the caller);
+alone is ``alpha + runs * gamma + bytes / beta`` (from :mod:`hicache.latency`, computed by the
+caller);
 while the opposite direction has a job in service, the job progresses at rate ``eta`` (< 1) of
 its own. Events happen only when a job starts or ends (at most a few per job): each direction
 keeps one pending timer, re-armed through a generation counter when the other direction's state

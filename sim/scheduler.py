@@ -23,9 +23,9 @@ from typing import Any, Protocol
 
 import simpy
 
-from sim.config import SchedulerConfig
-from sim.policy import HiRadixCache, PageKey
-from sim.policy.requests import ReqKV, cache_finished_req, cache_unfinished_req
+from hicache.config import SchedulerConfig
+from hicache.lifecycle import ReqKV, cache_finished_req, cache_unfinished_req
+from hicache.policy import HiRadixCache, PageKey
 
 
 class CostModel(Protocol):
@@ -45,7 +45,7 @@ class CostModel(Protocol):
 @dataclass(frozen=True, kw_only=True)
 class SchedulerParams(SchedulerConfig):
     """What the scheduler reads: every ``[scheduler]`` knob of the config (see
-    ``sim.config.SchedulerConfig`` for what each means and why its default is what it is), plus
+    ``hicache.config.SchedulerConfig`` for what each means and why its default is what it is), plus
     what it needs from other sections."""
 
     page_size: int
@@ -423,6 +423,6 @@ class Scheduler:
 
 def _pipeline_end(start: float, compute: float, layers: int, job: Any) -> float:
     """End of a prefill whose layer i computes after its load and after layer i-1."""
-    from sim.latency import layer_pipeline_end
+    from hicache.latency import layer_pipeline_end
 
     return float(layer_pipeline_end(start, compute, layers, job.start, job.end))

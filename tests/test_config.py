@@ -1,4 +1,4 @@
-"""Configuration: defaults, TOML, overrides, validation, pool resolution (`sim.config`)."""
+"""Configuration: defaults, TOML, overrides, validation, pool resolution (`hicache.config`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.config import (
+from hicache.config import (
     OUTPUT_MODES,
     SECTIONS,
     CacheConfig,
@@ -23,7 +23,7 @@ from sim.config import (
     resolve_pools,
     with_overrides,
 )
-from sim.policy import STRATEGIES, WRITE_POLICIES
+from hicache.policy import STRATEGIES, WRITE_POLICIES
 
 
 def _toml(tmp_path: Path, text: str) -> Path:
@@ -337,7 +337,7 @@ def test_config_from_dict_rejects_unknown_keys() -> None:
 
 def test_config_imports_no_heavy_modules() -> None:
     code = (
-        "import sys, sim.config, sim.hardware, sim.latency\n"
+        "import sys, hicache.config, hicache.hardware, hicache.latency\n"
         "print(' '.join(sorted(m.split('.')[0] for m in sys.modules)))"
     )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)

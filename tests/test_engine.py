@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+from hicache.policy import PageKey
 from sim.engine import Costs, Engine, count_runs
 from sim.hitrate import HitRateConfig, ReplayRequest, replay
-from sim.policy import PageKey
 from sim.scheduler import SchedulerParams, SimReq
 from traces.io import read_trace
 from traces.keys import page_symbols

@@ -1,4 +1,4 @@
-"""Presets, KV bytes per token and device pool sizing (`sim.hardware`) against HARDWARE.md."""
+"""Presets, KV bytes per token and device pool sizing (`hicache.hardware`) against HARDWARE.md."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from sim.hardware import (
+from hicache.hardware import (
     GPUS,
     LINKS,
     MODELS,

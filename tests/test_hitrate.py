@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.cli import main
+from cli.main import main
 from sim.hitrate import HitRateConfig, ReplayRequest, replay, requests_for
 from traces.io import read_trace
 from traces.stats import infinite_capacity_hit_rate

@@ -15,7 +15,7 @@ def _loaded_after(stmt: str) -> set[str]:
 
 
 def test_policy_core_imports_only_the_standard_library() -> None:
-    loaded = _loaded_after("import sim.policy")
+    loaded = _loaded_after("import hicache.policy")
     assert not loaded & set(HEAVY), loaded & set(HEAVY)
 
 
@@ -34,14 +34,14 @@ def test_policy_sources_import_nothing_outside_stdlib_and_the_core() -> None:
                 names = [node.module]
             for name in names:
                 top = name.split(".")[0]
-                ok = top in stdlib or name.startswith("sim.policy")
+                ok = top in stdlib or name.startswith("hicache.policy")
                 assert ok, f"{path.name} imports {name}"
 
 
 def test_cli_help_works_without_heavy_imports() -> None:
     loaded = _loaded_after(
         "sys.argv = ['hicache-sim', '--help']\n"
-        "from sim.cli import main\n"
+        "from cli.main import main\n"
         "try:\n    main()\nexcept SystemExit:\n    pass"
     )
     assert not loaded & {"torch", "simpy", "pandas", "matplotlib"}, loaded

@@ -1,4 +1,4 @@
-"""Transfer and compute models, layer pipeline and profiles (`sim.latency`)."""
+"""Transfer and compute models, layer pipeline and profiles (`hicache.latency`)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sim.hardware import GPUS, get_gpu, get_model, kv_bytes_per_token, weight_bytes_per_rank
-from sim.latency import (
+from hicache.hardware import GPUS, get_gpu, get_model, kv_bytes_per_token, weight_bytes_per_rank
+from hicache.latency import (
     BACKENDS,
     DIRECTIONS,
     LinkParams,
@@ -116,7 +116,7 @@ def test_a_measured_profile_replaces_the_estimate_for_its_gpu_and_link(
     link use it without naming it; other links keep the estimate."""
     import dataclasses
 
-    import sim.latency as lat
+    import hicache.latency as lat
 
     monkeypatch.setattr(lat, "PROFILE_DIR", tmp_path)
     save_profile(h100, tmp_path / "h100-sxm-pcie5-x16-default.json")

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sim.report import (
+from studies.report import (
     CDF_POINTS,
     PCIE_BINS,
     TIME_POINTS,
@@ -25,7 +25,7 @@ from sim.report import (
     main,
     timeline_runs,
 )
-from sim.sweep import load_grid, run_sweep
+from studies.sweep import load_grid, run_sweep
 
 REPO = Path(__file__).resolve().parent.parent
 FIGURES = ("fig-hitrate", "fig-ttft-cdf", "fig-ttft-percentiles", "fig-ttft-breakdown",

@@ -9,10 +9,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sim.cli import main
-from sim.config import load_config
+from cli.main import main
+from hicache.config import load_config
+from hicache.latency import load_profile
 from sim.engine import build_costs
-from sim.latency import load_profile
 
 DATA = Path(__file__).resolve().parent.parent / "traces" / "data"
 TRACE = DATA / "synthetic" / "multiturn.jsonl"

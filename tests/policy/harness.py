@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sim.policy import HiRadixCache, ManualController, PageAllocator, to_page_key
-from sim.policy.allocator import device_pool
+from hicache.policy import HiRadixCache, ManualController, PageAllocator, to_page_key
+from hicache.policy.allocator import device_pool
 
 
 class Harness:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from sim.policy import HiRadixCache, ManualController, PageAllocator, host_pool_tokens
+from hicache.policy import HiRadixCache, ManualController, PageAllocator, host_pool_tokens
 from tests.policy.harness import Harness
 
 T = list(range(2000))
@@ -564,7 +564,7 @@ def test_heap_order_matches_a_fresh_heap_per_call() -> None:
     a freshly built heap over the evictable leaves would pick (SGLang's per-call heap)."""
     import random
 
-    from sim.policy.eviction import get_strategy
+    from hicache.policy.eviction import get_strategy
 
     rng = random.Random(7)
     for policy in ["lru", "lfu", "slru", "fifo", "mru", "filo", "priority"]:

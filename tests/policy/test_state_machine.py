@@ -22,9 +22,9 @@ from hypothesis.stateful import (
     rule,
 )
 
-from sim.policy import HiRadixCache, ManualController, PageAllocator, TreeNode, to_page_key
-from sim.policy.allocator import device_pool
-from sim.policy.controller import LoadOp, WriteOp
+from hicache.policy import HiRadixCache, ManualController, PageAllocator, TreeNode, to_page_key
+from hicache.policy.allocator import device_pool
+from hicache.policy.controller import LoadOp, WriteOp
 
 ALPHABET = st.integers(min_value=0, max_value=2)
 KEYS = st.lists(ALPHABET, min_size=0, max_size=14)

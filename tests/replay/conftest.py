@@ -21,11 +21,11 @@ if HAVE_TORCH:
     # spinning against other processes make small index ops 10x slower
     torch.set_num_threads(1)
 
+    from hicache.policy import PageAllocator
+    from hicache.policy.allocator import device_pool
     from replay.controller import TorchController
     from replay.pools import KVPools, PoolSpec
     from replay.runtime import CpuRuntime
-    from sim.policy import PageAllocator
-    from sim.policy.allocator import device_pool
 
     #: (layout, backend) pairs the copy engine supports
     COMBOS = [("layer_first", "direct"), ("layer_first", "kernel"), ("page_first", "kernel")]

@@ -194,7 +194,7 @@ def test_op_repeats_touch_fresh_pages_after_a_cache_flush(monkeypatch: pytest.Mo
     [("llama-3-8b", 14336), ("llama-3-70b", 28672), ("qwen3-8b", 12288), ("qwen3-32b", 25600)],
 )
 def test_model_gemm_shapes_recover_the_real_layer(model: str, width: int) -> None:
-    from sim.hardware import get_model
+    from hicache.hardware import get_model
 
     m = get_model(model)
     shapes = dict((name, (k, n)) for name, k, n in model_gemm_shapes(model))
@@ -202,7 +202,7 @@ def test_model_gemm_shapes_recover_the_real_layer(model: str, width: int) -> Non
     assert shapes["gate_up"] == (h, 2 * width) and shapes["down"] == (width, h)
     assert shapes["qkv"] == (h, (m.num_attention_heads + 2 * m.num_kv_heads) * m.head_dim)
     assert shapes["o"] == (m.num_attention_heads * m.head_dim, h)
-    # one token through these GEMMs does what sim.latency charges per token and layer
+    # one token through these GEMMs does what hicache.latency charges per token and layer
     weights = sum(k * n for k, n in shapes.values())
     assert weights == pytest.approx(m.body_active_params / m.num_layers, rel=0.01)
     # tensor parallel: column-parallel GEMMs split n, row-parallel ones k

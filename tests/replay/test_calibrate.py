@@ -10,9 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from hicache.latency import load_profile, save_profile
 from replay.bench import _DEFAULTS, COLUMNS
 from replay.calibrate import calibrate, fit_eta, fit_link, predict_ops
-from sim.latency import load_profile, save_profile
 
 MiB = 1 << 20
 LAYER_PAGE = 64 * 4096  # Llama-3-8B, 64-token page, one layer

@@ -1,4 +1,4 @@
-"""``hicache-sim replay`` steps through ``replay.cli.main``, and ``hicache-sim run --profile``
+"""``hicache-sim replay`` steps through ``cli.replay.main``, and ``hicache-sim run --profile``
 with a calibrated profile."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from replay.cli import main, register
+from cli.replay import main, register
+from hicache.latency import load_profile
 from replay.runtime import cuda_available
-from sim.latency import load_profile
 from traces.bundled import synthetic_path
 
 TRACE = synthetic_path("shared-prefix")
@@ -94,7 +94,7 @@ def test_calibrate_then_run_with_the_profile(
     assert main(["calibrate", str(bench_dir), str(out), "--out", str(prof2)]) == 0
     assert int(load_profile(prof2, "h100-sxm", "pcie5-x16").provenance["replay_ops"]) > 0
     # `hicache-sim run --profile` reads it: the engine's costs use the calibrated constants
-    from sim.config import load_config
+    from hicache.config import load_config
     from sim.engine import build_costs
 
     cfg = load_config(None, [f"run.profile={prof}"])

@@ -8,9 +8,9 @@ from collections.abc import Callable
 import pytest
 import torch
 
+from hicache.policy import HiRadixCache, PageKey
 from replay.controller import TorchController
 from replay.runtime import CpuRuntime
-from sim.policy import HiRadixCache, PageKey
 from tests.replay.conftest import COMBOS
 
 Make = Callable[..., TorchController]
@@ -134,8 +134,8 @@ def test_reset_waits_and_clears(make_ctrl: Make) -> None:
 
 
 def test_pool_must_cover_the_allocators(make_ctrl: Make) -> None:
+    from hicache.policy import PageAllocator
     from replay.pools import KVPools
-    from sim.policy import PageAllocator
     from tests.replay.conftest import tiny_spec
 
     rt = CpuRuntime()

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hicache.policy import PageAllocator
+from hicache.policy.allocator import device_pool
 from replay.bench import BenchConfig, run_bench
 from replay.controller import TorchController
 from replay.pools import KVPools
 from replay.runtime import CudaRuntime, cuda_available
 from replay.transfer import CopyEngine
-from sim.policy import PageAllocator
-from sim.policy.allocator import device_pool
 from tests.replay.conftest import COMBOS, tiny_spec
 
 pytestmark = [

@@ -264,4 +264,4 @@ def test_the_cuda_path_of_the_check_on_cuda_like_streams(
     prof = json.loads((ex / "h200-measured.json").read_text())
     assert prof["measured"] is True and prof["gpu"] == "h200" and prof["link"] == "pcie5-x16"
     md = (ex / "summary.md").read_text()
-    assert "CPU run" not in md and "sim/profiles/h200-measured.json" in md
+    assert "CPU run" not in md and "hicache/profiles/h200-measured.json" in md

@@ -26,9 +26,9 @@ def _loaded_after(stmt: str) -> set[str]:
 
 def test_package_and_cli_import_without_torch() -> None:
     loaded = _loaded_after(
-        "import replay, replay.cli, replay.presets\n"
+        "import replay, cli.replay, replay.presets\n"
         "import argparse\n"
-        "p = argparse.ArgumentParser(); replay.cli.register(p.add_subparsers())\n"
+        "p = argparse.ArgumentParser(); cli.replay.register(p.add_subparsers())\n"
         "try:\n    p.parse_args(['replay', '--help'])\nexcept SystemExit:\n    pass"
     )
     assert "torch" not in loaded and "simpy" not in loaded and "pandas" not in loaded
@@ -40,7 +40,7 @@ def test_calibration_needs_no_torch() -> None:
 
 
 def test_no_replay_module_imports_simpy_or_the_engine() -> None:
-    allowed_sim = ("sim.policy", "sim.latency", "sim.hardware", "sim.config")
+    allowed_sim = ("hicache.policy", "hicache.latency", "hicache.hardware", "hicache.config")
     for path in sorted((ROOT / "replay").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             names: list[str] = []
@@ -69,7 +69,7 @@ def test_without_torch_copy_steps_fail_cleanly_and_calibrate_works(tmp_path: Pat
         f"write_bench(run_bench(cfg, rt), cfg, rt, Path({str(tmp_path / 'b')!r}), 0.0)\n"
     )
     subprocess.run([sys.executable, "-c", code_bench], check=True, cwd=ROOT)
-    no_torch = "import sys\nsys.modules['torch'] = None\nfrom replay.cli import main\n"
+    no_torch = "import sys\nsys.modules['torch'] = None\nfrom cli.replay import main\n"
     run = subprocess.run(
         [sys.executable, "-c", no_torch + f"sys.exit(main(['bench', '--device', 'cpu', "
          f"'--out', {str(tmp_path / 'x')!r}]))"],

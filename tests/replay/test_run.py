@@ -9,17 +9,17 @@ from pathlib import Path
 
 import pytest
 
+from hicache.config import load_config
+from hicache.latency import load_profile
+from hicache.policy import PageAllocator
+from hicache.policy.allocator import device_pool
 from replay.controller import TorchController
 from replay.driver import TraceReplayer, trace_requests
 from replay.pools import KVPools, PoolSpec
 from replay.run import ReplaySettings, format_summary, run_replay, settings_from_config
 from replay.runtime import CpuRuntime
 from replay.transfer import Transfer
-from sim.config import load_config
 from sim.hitrate import HitRateConfig, replay, requests_for
-from sim.latency import load_profile
-from sim.policy import PageAllocator
-from sim.policy.allocator import device_pool
 from traces.bundled import synthetic_path
 from traces.io import read_trace
 from traces.schema import Trace

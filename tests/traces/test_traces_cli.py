@@ -1,4 +1,4 @@
-"""`hicache-sim trace ...` through `traces.cli.main` (and once as a subprocess)."""
+"""`hicache-sim trace ...` through `cli.traces.main` (and once as a subprocess)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from cli.traces import main, register
 from tests.traces.trace_helpers import ERROR_LINE, HEADER, WriteLines, req
 from traces.bundled import MOONCAKE_SYNTHETIC, synthetic_path
-from traces.cli import main, register
 from traces.io import read_trace
 
 
@@ -154,7 +154,7 @@ def test_register_into_parent_parser(tmp_path: Path) -> None:
 
 def test_module_entry_point() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "traces.cli", "validate", str(synthetic_path("long-context-qa"))],
+        [sys.executable, "-m", "cli.traces", "validate", str(synthetic_path("long-context-qa"))],
         capture_output=True,
         text=True,
         check=False,

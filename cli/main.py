@@ -39,8 +39,8 @@ def _str_list(text: str) -> list[str]:
 
 
 def _add_hitrate(sub: Any) -> None:
+    from hicache.policy import WRITE_POLICIES
     from sim.hitrate import EVICTIONS, OUTPUT_MODES
-    from sim.policy import WRITE_POLICIES
 
     p = sub.add_parser(
         "hitrate",
@@ -79,8 +79,8 @@ def _add_hitrate(sub: Any) -> None:
 
 
 def _hitrate_configs(args: argparse.Namespace) -> list[Any]:
+    from hicache.policy import host_pool_tokens
     from sim.hitrate import HitRateConfig
-    from sim.policy import host_pool_tokens
 
     configs = []
     for ev in args.eviction:
@@ -141,7 +141,7 @@ def _cmd_hitrate(args: argparse.Namespace) -> int:
     if args.csv:
         _write_csv(rows, args.csv)
     if args.plot:
-        from sim.plots import plot_hitrate
+        from studies.plots import plot_hitrate
 
         plot_hitrate(rows, args.plot, title=f"{args.trace.name} (page {args.page_size})")
     if args.json:
@@ -196,7 +196,9 @@ def _add_run(sub: Any) -> None:
         "directory (config.json, summary.json, requests/timeline/transfers.parquet).",
     )
     p.add_argument("trace", type=Path)
-    p.add_argument("--config", type=Path, help="TOML config file (sections as in sim/config.py)")
+    p.add_argument(
+        "--config", type=Path, help="TOML config file (sections as in hicache/config.py)"
+    )
     p.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
         help="override one config value (repeatable), e.g. --set cache.write_policy=write_back",
@@ -209,7 +211,7 @@ def _add_run(sub: Any) -> None:
 
 
 def _resolve_config(args: argparse.Namespace) -> Any:
-    from sim.config import ConfigError, load_config
+    from hicache.config import ConfigError, load_config
 
     overrides = list(args.overrides)
     if args.profile is not None:
@@ -290,7 +292,7 @@ def _add_demo(sub: Any) -> None:
 
 
 def _demo_run(job: tuple[str, list[str], str, str]) -> dict[str, Any]:
-    from sim.config import load_config
+    from hicache.config import load_config
     from sim.engine import run_simulation
 
     name, overrides, trace_path, out = job
@@ -320,9 +322,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     import os
     from concurrent.futures import ProcessPoolExecutor
 
+    from hicache.policy import host_pool_tokens
     from sim.hitrate import HitRateConfig, run_grid
-    from sim.plots import plot_hitrate
-    from sim.policy import host_pool_tokens
+    from studies.plots import plot_hitrate
     from traces.stats import infinite_capacity_hit_rate
 
     args.out.mkdir(parents=True, exist_ok=True)
@@ -367,7 +369,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         "Each request matched, loaded back and inserted one at a time (no timing).\n\n"
         f"![hit rate vs capacity](hitrate.png)\n\n```\n{table}\n```\n"
     )
-    from sim.report import build_report
+    from studies.report import build_report
 
     html = build_report([Path(j[3]) for j in jobs], args.out / "report.html")
     print(f"\nreport: {html}  (also report.md, comparison.csv, hitrate.csv, hitrate.png, runs/)")
@@ -375,7 +377,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from sim import __version__
+    from hicache import __version__
 
     parser = argparse.ArgumentParser(
         prog="hicache-sim",
@@ -387,15 +389,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run(sub)
     _add_hitrate(sub)
     _add_demo(sub)
-    from sim.report import register as register_report
-    from sim.sweep import register as register_sweep
-    from traces.cli import register as register_trace
+    from cli.traces import register as register_trace
+    from studies.report import register as register_report
+    from studies.sweep import register as register_sweep
 
     register_sweep(sub)
     register_report(sub)
     register_trace(sub)
     # replay needs torch (the `replay` extra); its module imports torch only inside commands
-    from replay.cli import register as register_replay
+    from cli.replay import register as register_replay
 
     register_replay(sub)
     return parser

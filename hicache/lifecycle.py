@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-from sim.policy.hiradix import HiRadixCache
-from sim.policy.radix import PageKey, TreeNode
+from hicache.policy.hiradix import HiRadixCache
+from hicache.policy.radix import PageKey, TreeNode
 
 
 @dataclass(slots=True)

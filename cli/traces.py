@@ -1,7 +1,7 @@
 """``hicache-sim trace ...``: stats, convert, gen, validate.
 
 `register(subparsers)` adds the ``trace`` command to a parent argparse parser (its
-``func`` default is `run`); `main(argv)` runs it stand-alone (``python -m traces.cli``).
+``func`` default is `run`); `main(argv)` runs it stand-alone (``python -m cli.traces``).
 User errors (bad files, bad parameters) print one line to stderr and give exit code 2;
 tracebacks are for bugs only.
 """
@@ -120,7 +120,7 @@ def _add_subcommands(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """Stand-alone parser (``python -m traces.cli``), same options as ``hicache-sim trace``."""
+    """Stand-alone parser (``python -m cli.traces``), same options as ``hicache-sim trace``."""
     parser = argparse.ArgumentParser(
         prog="hicache-sim trace",
         description="Inspect, convert, generate and validate request traces.",
@@ -262,7 +262,7 @@ def _gen(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Stand-alone entry point: ``python -m traces.cli stats FILE`` etc."""
+    """Stand-alone entry point: ``python -m cli.traces stats FILE`` etc."""
     args = build_parser().parse_args(argv)
     return run(args)
 

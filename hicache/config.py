@@ -15,8 +15,8 @@ key, wrong type, out-of-range value, unknown preset, a pool that cannot be sized
 :class:`ConfigError` naming ``section.key``, the allowed range or choices, and where the value
 came from (the TOML file or the ``--set`` item).
 
-Standard library only, plus the presets (``sim.hardware``), the shipped profile names
-(``sim.latency``) and the policy core's choice lists and host sizing (``sim.policy``).
+Standard library only, plus the presets (``hicache.hardware``), the shipped profile names
+(``hicache.latency``) and the policy core's choice lists and host sizing (``hicache.policy``).
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, get_type_hints
 
-from sim import hardware
-from sim.latency import shipped_profile_path, shipped_profiles
-from sim.policy import STRATEGIES, WRITE_POLICIES, host_pool_tokens
+from hicache import hardware
+from hicache.latency import shipped_profile_path, shipped_profiles
+from hicache.policy import STRATEGIES, WRITE_POLICIES, host_pool_tokens
 
 #: ``--hicache-io-backend`` values the simulator models (``kernel_ascend`` is NPU-only).
 IO_BACKENDS = ("kernel", "direct")
@@ -381,9 +381,9 @@ class SimConfig:
 def resolve_pools(cfg: SimConfig) -> tuple[int, int, int]:
     """``(device_tokens, host_tokens, kv_bytes_per_token)`` for ``cfg``.
 
-    Device: ``gpu.device_tokens`` when set, else :func:`sim.hardware.device_pool_tokens`
+    Device: ``gpu.device_tokens`` when set, else :func:`hicache.hardware.device_pool_tokens`
     (HBM x mem_fraction - weights - reserve) rounded down to a page multiple. Host: 0 without a
-    host tier, else SGLang's ``HostKVCache`` sizing (:func:`sim.policy.host_pool_tokens`: ratio
+    host tier, else SGLang's ``HostKVCache`` sizing (:func:`hicache.policy.host_pool_tokens`: ratio
     or GB, always one extra page, must exceed the device pool). Bytes are per rank. Raises
     :class:`ConfigError` when a pool cannot be sized.
     """

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sim.hardware import GpuSpec, ModelSpec, kv_bytes_per_token, weight_bytes_per_rank
+from hicache.hardware import GpuSpec, ModelSpec, kv_bytes_per_token, weight_bytes_per_rank
 
 #: IO backends a profile must describe (SGLang ``--hicache-io-backend`` on CUDA).
 BACKENDS = ("kernel", "direct")
@@ -165,7 +165,7 @@ _TOP_KEYS = ("version", "gpu", "link", "measured", "provenance", "links", "compu
 
 
 def profile_to_dict(profile: Profile) -> dict[str, Any]:
-    """The JSON-ready form of ``profile`` (the on-disk format; see ``sim/profiles/README.md``)."""
+    """The JSON-ready form of ``profile`` (on-disk format: ``hicache/profiles/README.md``)."""
     return {
         "version": PROFILE_VERSION,
         "gpu": profile.gpu,
@@ -261,7 +261,7 @@ def default_profile_path(gpu: str, link: str) -> Path:
 
 def measured_profile_path(gpu: str) -> Path:
     """Where a profile measured on ``gpu`` is committed (``replay``'s device check writes it
-    under this name): ``sim/profiles/<gpu>-measured.json``. It may not exist."""
+    under this name): ``hicache/profiles/<gpu>-measured.json``. It may not exist."""
     return PROFILE_DIR / f"{gpu}-measured.json"
 
 
@@ -281,7 +281,7 @@ def shipped_profile_path(gpu: str, link: str) -> Path:
 
 
 def shipped_profiles() -> list[str]:
-    """Stems of the profiles shipped in ``sim/profiles``: ``<gpu>-<link>`` for the defaults,
+    """Stems of the profiles shipped in ``hicache/profiles``: ``<gpu>-<link>`` for the defaults,
     ``<gpu>-measured`` for measured ones."""
     return sorted(
         [p.name.removesuffix("-default.json") for p in PROFILE_DIR.glob("*-default.json")]
@@ -293,8 +293,8 @@ def load_profile(path: str | Path | None, gpu: str, link: str) -> Profile:
     """Load a profile for a run on ``gpu`` over ``link``.
 
     ``path`` None (or ``""``) selects the shipped profile (:func:`shipped_profile_path`):
-    ``sim/profiles/<gpu>-measured.json`` when one was measured on that GPU over ``link``, else
-    the estimate ``sim/profiles/<gpu>-<link>-default.json``. The profile's own ``gpu``/``link``
+    ``hicache/profiles/<gpu>-measured.json`` when one was measured on that GPU over ``link``, else
+    the estimate ``hicache/profiles/<gpu>-<link>-default.json``. The profile's own ``gpu``/``link``
     must match the run's: constants measured on one machine silently applied to another would
     be a wrong answer, not a what-if. Every problem (missing file, bad JSON, unknown or
     missing key, out-of-range value, mismatch) raises ``ValueError`` whose message starts

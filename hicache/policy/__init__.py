@@ -4,22 +4,22 @@ Standard library only (no SimPy, torch, numpy or pandas), synchronous, and drive
 clock. Copies go through a :class:`TransferController`; tests use :class:`ManualController`.
 """
 
-from sim.policy.allocator import PageAllocator, host_pool_tokens
-from sim.policy.controller import (
+from hicache.policy.allocator import PageAllocator, host_pool_tokens
+from hicache.policy.controller import (
     BaseController,
     ImmediateController,
     ManualController,
     TransferController,
 )
-from sim.policy.eviction import STRATEGIES, get_strategy
-from sim.policy.hiradix import (
+from hicache.policy.eviction import STRATEGIES, get_strategy
+from hicache.policy.hiradix import (
     LOAD_BACK_THRESHOLD,
     WRITE_POLICIES,
     CacheStats,
     HiRadixCache,
     MatchResult,
 )
-from sim.policy.radix import PageKey, TreeNode, to_page_key
+from hicache.policy.radix import PageKey, TreeNode, to_page_key
 
 __all__ = [
     "LOAD_BACK_THRESHOLD",

@@ -25,7 +25,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from sim.policy.allocator import PageAllocator
+from hicache.policy.allocator import PageAllocator
 
 
 class TransferController(Protocol):

@@ -25,9 +25,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-from sim.policy.controller import TransferController
-from sim.policy.eviction import KeyFn, get_strategy
-from sim.policy.radix import TreeNode, child_key, match_len, to_page_key
+from hicache.policy.controller import TransferController
+from hicache.policy.eviction import KeyFn, get_strategy
+from hicache.policy.radix import TreeNode, child_key, match_len, to_page_key
 
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 
@@ -151,7 +151,7 @@ HeapEntry = tuple[Any, int, TreeNode]
 class HiRadixCache:
     """The policy core. See the module docstring and POLICY_CORE.md §2.
 
-    Keys are token sequences (page-aligned on entry) or :class:`~sim.policy.radix.PageKey` s.
+    Keys are token sequences (page-aligned on entry) or :class:`~hicache.policy.radix.PageKey` s.
     Values are device page ids, one per page of the key. Lengths in results are in tokens.
     """
 
@@ -880,7 +880,7 @@ class HiRadixCache:
         is free xor in exactly one node xor (if given) in ``device_pages_outside`` (pages the
         caller's requests hold outside the tree).
         """
-        from sim.policy.invariants import check_cache_invariants
+        from hicache.policy.invariants import check_cache_invariants
 
         check_cache_invariants(self, device_pages_outside)
 

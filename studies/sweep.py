@@ -20,7 +20,7 @@ directory, then renamed), whatever the executor: a job directory that exists wit
 ``summary.json`` is complete.
 
 Resuming: a job whose directory already holds a finished run with the same resolved config
-(:func:`sim.config.config_to_dict`) and the same trace checksum is not run again. Directory
+(:func:`hicache.config.config_to_dict`) and the same trace checksum is not run again. Directory
 names are readable axis values plus a short hash of exactly that (config + trace checksum), so
 a finished run is found again even if the grid's axes were renamed or reordered. A job that
 fails (an exception in the simulation, or a combination of axis values the config rejects) is
@@ -50,7 +50,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sim.config import SECTIONS, ConfigError, config_to_dict, load_config, with_overrides
+from hicache.config import SECTIONS, ConfigError, config_to_dict, load_config, with_overrides
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -339,7 +339,7 @@ def load_grid(path: str | Path) -> Grid:
 
 
 def _text(value: Scalar) -> str:
-    """A typed value as ``--set`` text that :func:`sim.config.load_config` parses back."""
+    """A typed value as ``--set`` text that :func:`hicache.config.load_config` parses back."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float):
@@ -354,7 +354,7 @@ def _text(value: Scalar) -> str:
 class JobSpec:
     """One job, self-contained and picklable (it travels to pool workers and Ray tasks).
 
-    ``config`` is the resolved :func:`sim.config.config_to_dict` (None when the combination
+    ``config`` is the resolved :func:`hicache.config.config_to_dict` (None when the combination
     is invalid; ``error`` says why); ``axes`` the result-table values of the axis columns;
     ``config_hash`` hashes config + trace checksum and ends ``name``.
     """
@@ -564,7 +564,7 @@ def run_job(spec: JobSpec, trace_data: bytes | None = None) -> JobResult:
     ``config.json`` records ``spec.trace_path`` and that checksum, so the files are identical
     whichever executor ran the job.
     """
-    from sim.config import config_from_dict
+    from hicache.config import config_from_dict
     from sim.engine import run_simulation
 
     try:
@@ -1007,7 +1007,7 @@ def format_results(df: pd.DataFrame, seconds: float, out: Path) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m sim.sweep GRID --out DIR ...``: the ``sweep`` command on its own."""
+    """``python -m studies.sweep GRID --out DIR ...``: the ``sweep`` command on its own."""
     parser = argparse.ArgumentParser(prog="hicache-sim")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
@@ -1021,7 +1021,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # through the importable module, so pickled job functions refer to sim.sweep, not __main__
-    from sim.sweep import main as _main
+    # through the importable module, so pickled job functions refer to studies.sweep, not __main__
+    from studies.sweep import main as _main
 
     sys.exit(_main())

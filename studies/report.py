@@ -2,7 +2,7 @@
 
 ``build_report(dirs, out)`` reads run directories (``summary.json``, ``config.json``, the
 Parquet tables of :mod:`sim.metrics`) and sweep directories (``results.parquet`` + job run
-directories, :mod:`sim.sweep`) and writes:
+directories, :mod:`studies.sweep`) and writes:
 
 - figures, inline as SVG, each with the numbers it shows beside it and, for tools and tests,
   the exact plotted data as JSON (``<script type="application/json" class="figure-data"
@@ -278,7 +278,7 @@ def describe_runs(runs: list[Run], sweeps: Sequence[Sweep] = ()) -> ReportData:
 
 
 def _config_key_order() -> list[str]:
-    from sim.config import SECTIONS
+    from hicache.config import SECTIONS
 
     return [f"{s}.{f.name}" for s, cls in SECTIONS.items() for f in fields(cls)]
 
@@ -1343,7 +1343,7 @@ def _clean(x: Any) -> Any:
 
 def render_html(data: ReportData, figures: Sequence[ReportFigure], title: str) -> str:
     """The report as one HTML document (no external resources)."""
-    from sim import __version__
+    from hicache import __version__
 
     nav = " ".join(f'<a href="#{f.id}">{html.escape(f.title)}</a>' for f in figures)
     nav += ' <a href="#comparison">Comparison</a> <a href="#configs">Configurations</a>'
@@ -1457,7 +1457,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m sim.report DIR... --out FILE``: the ``report`` command on its own."""
+    """``python -m studies.report DIR... --out FILE``: the ``report`` command on its own."""
     parser = argparse.ArgumentParser(prog="hicache-sim")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True

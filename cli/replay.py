@@ -1,7 +1,7 @@
 """``hicache-sim replay``: ``bench``, ``calibrate`` and ``run``.
 
 :func:`register` adds the ``replay`` command to ``hicache-sim``'s sub-parsers; :func:`main` runs
-the same steps standalone (``python -m replay.cli bench ...``). Nothing heavy is imported until
+the same steps standalone (``python -m cli.replay bench ...``). Nothing heavy is imported until
 a step runs, and torch only by the steps that copy (``calibrate`` needs numpy and pandas only).
 User errors (torch missing, ``--device cuda`` without CUDA, bad files or values) print one line
 and return 2.
@@ -133,10 +133,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 # -------------------------------------------------------------------------------- calibrate --
 def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from hicache.hardware import get_gpu
+    from hicache.latency import save_profile
     from replay.calibrate import calibrate, load_bench, replay_rows
     from replay.presets import gpu_preset_for
-    from sim.hardware import get_gpu
-    from sim.latency import save_profile
 
     bench, meta = load_bench(args.bench_dir)
     machine = meta.get("machine", {})
@@ -149,7 +149,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         )
         if gpu is None:
             raise UserError(
-                f"{args.bench_dir}: GPU {machine.get('gpu_name')!r} has no sim.hardware preset; "
+                f"{args.bench_dir}: GPU {machine.get('gpu_name')!r} has no hardware preset; "
                 "pass --gpu NAME (and --link)"
             )
     link = args.link or get_gpu(gpu).default_link
@@ -201,10 +201,10 @@ def _budgets(device: str, dev_gb: float | None, host_gb: float | None) -> tuple[
 
 def _cmd_run(args: argparse.Namespace) -> int:
     rt = _runtime(args.device, args.threads)
+    from hicache.config import load_config
+    from hicache.latency import load_profile, profile_from_dict
     from replay.presets import gpu_preset_for
     from replay.run import format_summary, run_replay, settings_from_config
-    from sim.config import load_config
-    from sim.latency import load_profile, profile_from_dict
     from traces.io import read_trace
 
     _check_out(args.out, args.force)

@@ -88,7 +88,7 @@ class ModelSpec:
         """Active parameters that every token multiplies through: ``active_params`` less the
         embeddings. The embedding lookup is a gather (no FLOPs), and SGLang computes logits only
         for the last position of each extend, so the LM head is charged per request, not per
-        token (see ``sim.latency.prefill_flops``)."""
+        token (see ``hicache.latency.prefill_flops``)."""
         return self.active_params - self.embedding_params
 
 
@@ -287,7 +287,7 @@ GPUS: dict[str, GpuSpec] = {
 class LinkSpec:
     """A host<->device link: theoretical per-direction bandwidth and the usable figures for
     large pinned copies in each direction (bytes/s). The usable figures seed the shipped
-    latency profiles (``sim/profiles``); a calibrated profile supersedes them."""
+    latency profiles (``hicache/profiles``); a calibrated profile supersedes them."""
 
     name: str
     spec_Bps: float

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from sim.policy.radix import TreeNode
+from hicache.policy.radix import TreeNode
 
 KeyFn = Callable[[TreeNode], Any]
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from sim.policy.radix import TreeNode, child_key
+from hicache.policy.radix import TreeNode, child_key
 
 if TYPE_CHECKING:
-    from sim.policy.hiradix import HiRadixCache
+    from hicache.policy.hiradix import HiRadixCache
 
 
 def _fail(msg: str) -> None:

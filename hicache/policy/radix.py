@@ -8,7 +8,7 @@ hash ids). Comparing two paged keys symbol by symbol is the same as comparing th
 and rounding the common prefix down to a page multiple, which is SGLang's ``RadixKey.match``; so
 splits can only fall on page boundaries and siblings never share a first page.
 
-Values are lists of page ids (one per page of the key) from :class:`~sim.policy.allocator
+Values are lists of page ids (one per page of the key) from :class:`~hicache.policy.allocator
 .PageAllocator`; lengths reported to callers are in tokens.
 """
 
