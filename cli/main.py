@@ -389,9 +389,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run(sub)
     _add_hitrate(sub)
     _add_demo(sub)
+    from cli.report import register as register_report
+    from cli.sweep import register as register_sweep
     from cli.traces import register as register_trace
-    from studies.report import register as register_report
-    from studies.sweep import register as register_sweep
 
     register_sweep(sub)
     register_report(sub)

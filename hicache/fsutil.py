@@ -21,7 +21,7 @@ def _umask_mode() -> int:
     return 0o666 & ~umask
 
 
-def write_atomic(path: str | Path, write: Callable[[Path], None]) -> Path:
+def write_atomic(path: str | Path, write: Callable[[Path], object]) -> Path:
     """Call ``write(tmp)`` to fill a temporary file beside ``path``, then rename it to ``path``.
 
     ``write`` may open ``tmp`` itself (pandas' ``to_parquet``, matplotlib's ``savefig``): the
@@ -52,9 +52,12 @@ def write_text_atomic(text: str, path: str | Path) -> Path:
     return write_atomic(path, lambda p: p.write_text(text, encoding="utf-8"))
 
 
-def write_json_atomic(obj: Any, path: str | Path, indent: int = 2) -> Path:
-    """``obj`` as JSON (keys in insertion order; non-JSON values via ``str``), newline-ended."""
-    return write_text_atomic(json.dumps(obj, indent=indent, default=str) + "\n", path)
+def write_json_atomic(
+    obj: Any, path: str | Path, *, indent: int = 2, sort_keys: bool = False
+) -> Path:
+    """``obj`` as JSON (non-JSON values via ``str``; NaN as ``NaN``), newline-ended."""
+    text = json.dumps(obj, indent=indent, sort_keys=sort_keys, default=str)
+    return write_text_atomic(text + "\n", path)
 
 
 def write_parquet_atomic(df: Any, path: str | Path) -> Path:

@@ -26,12 +26,10 @@ Matplotlib is used through the object-oriented API on the Agg canvas only.
 
 from __future__ import annotations
 
-import argparse
 import html
 import io
 import json
 import math
-import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -1425,46 +1423,3 @@ def build_report(dirs: list[Path], out: Path, pdf: bool = False) -> Path:
     if pdf:
         _pdf(data, figures, title, out.with_suffix(".pdf"))
     return out
-
-
-# --- command line ----------------------------------------------------------------------------
-
-
-def register(subparsers: Any) -> argparse.ArgumentParser:
-    """Add the ``report`` command to an argparse sub-parsers object (``func`` returns an exit
-    code; a user error prints one line and gives 2)."""
-    p: argparse.ArgumentParser = subparsers.add_parser(
-        "report",
-        help="HTML (and PDF) report of runs and sweeps: figures, comparison, configs",
-        description="Write one self-contained HTML file (figures as inline SVG, tables, the "
-        "configs used) from run directories and/or sweep directories.",
-    )
-    p.add_argument("dirs", type=Path, nargs="+", metavar="DIR", help="run or sweep directory")
-    p.add_argument("--out", type=Path, required=True, help="HTML file to write")
-    p.add_argument("--pdf", action="store_true", help="also write the figures as a PDF")
-    p.set_defaults(func=_cmd_report)
-    return p
-
-
-def _cmd_report(args: argparse.Namespace) -> int:
-    try:
-        out = build_report(list(args.dirs), args.out, pdf=args.pdf)
-    except ValueError as e:
-        print(f"hicache-sim: {e}", file=sys.stderr)
-        return 2
-    print(f"report: {out}" + (f" and {out.with_suffix('.pdf')}" if args.pdf else ""))
-    return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m studies.report DIR... --out FILE``: the ``report`` command on its own."""
-    parser = argparse.ArgumentParser(prog="hicache-sim")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.required = True
-    register(sub)
-    args = parser.parse_args(["report", *(sys.argv[1:] if argv is None else argv)])
-    return int(args.func(args))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -32,7 +32,6 @@ platform has ``fcntl``).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import hashlib
 import itertools
@@ -42,7 +41,6 @@ import re
 import shutil
 import sys
 import tempfile
-import time
 import tomllib
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -930,98 +928,3 @@ def _write_results(df: pd.DataFrame, out: Path) -> None:
             df.to_csv(tmp, index=False)
         os.chmod(tmp, 0o644)
         os.replace(tmp, out / name)
-
-
-# --- command line ----------------------------------------------------------------------------
-
-
-def register(subparsers: Any) -> argparse.ArgumentParser:
-    """Add the ``sweep`` command to an argparse sub-parsers object (``func`` returns an exit
-    code: 0 all jobs ok, 1 some failed, 2 a user error, printed as one line)."""
-    p: argparse.ArgumentParser = subparsers.add_parser(
-        "sweep",
-        help="run a grid of configurations (cross product of axes) as resumable jobs",
-        description="Run every combination of a grid file's axes as an independent timed "
-        "simulation (format: examples/README.md). Each job writes OUT/runs/<job>/; "
-        "OUT/results.parquet and results.csv hold one row per job. Rerunning skips finished "
-        "jobs with the same resolved config and retries failed ones.",
-    )
-    p.add_argument("grid", type=Path, help="grid file (TOML)")
-    p.add_argument("--out", type=Path, required=True, help="sweep directory to write")
-    p.add_argument(
-        "--jobs",
-        type=int,
-        default=0,
-        help="worker processes (local) or CPUs of a local Ray (default: all cores)",
-    )
-    p.add_argument(
-        "--executor",
-        choices=EXECUTORS,
-        default="local",
-        help="local process pool (default) or Ray (needs the 'cluster' extra)",
-    )
-    p.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
-    p.set_defaults(func=_cmd_sweep)
-    return p
-
-
-def _cmd_sweep(args: argparse.Namespace) -> int:
-    t0 = time.perf_counter()
-    try:
-        df = run_sweep(
-            args.grid, args.out, jobs=args.jobs, executor=args.executor, address=args.address
-        )
-    except ValueError as e:  # ConfigError is a ValueError
-        print(f"hicache-sim: {e}", file=sys.stderr)
-        return 2
-    print(format_results(df, time.perf_counter() - t0, args.out))
-    return 1 if (df["status"] != "ok").any() else 0
-
-
-def format_results(df: pd.DataFrame, seconds: float, out: Path) -> str:
-    """A few lines for the terminal: counts, the headline metrics per job, the failures."""
-    ok = df[df["status"] == "ok"]
-    failed = df[df["status"] != "ok"]
-    lines = [
-        f"{len(df)} jobs: {df.attrs.get('ran', 0)} ran, {df.attrs.get('reused', 0)} already done, "
-        f"{len(failed)} failed ({seconds:.1f} s)",
-    ]
-    if len(ok) and "hit_rate" in df.columns:
-        cols = list(df.columns)
-        axes = cols[3 : cols.index("device_tokens")]
-        table = ok[[*axes, "hit_rate", "ttft_p50_s", "ttft_p99_s"]].copy()
-        table["hit_rate"] = table["hit_rate"].map(lambda x: f"{x:.1%}")
-        for c in ("ttft_p50_s", "ttft_p99_s"):
-            table[c] = table[c].map(lambda x: f"{x * 1e3:.1f} ms")
-        lines.append(
-            table.rename(columns={"ttft_p50_s": "TTFT p50", "ttft_p99_s": "TTFT p99"}).to_string(
-                index=False, max_rows=40
-            )
-        )
-    for _, r in failed.head(10).iterrows():
-        lines.append(f"failed: {r['job']}: {r['error']}")
-    if len(failed) > 10:
-        lines.append(f"... and {len(failed) - 10} more failed jobs (see results.csv)")
-    lines.append(f"results: {out / 'results.parquet'}, {out / 'results.csv'}")
-    return "\n".join(lines)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m studies.sweep GRID --out DIR ...``: the ``sweep`` command on its own."""
-    parser = argparse.ArgumentParser(prog="hicache-sim")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.required = True
-    register(sub)
-    args = parser.parse_args(["sweep", *(sys.argv[1:] if argv is None else argv)])
-    try:
-        return int(args.func(args))
-    except KeyboardInterrupt:
-        print("hicache-sim: interrupted", file=sys.stderr)
-        return 130
-
-
-if __name__ == "__main__":
-    # through the importable module, so pickled job functions refer to studies.sweep, not __main__
-    from studies.sweep import main as _main
-
-    sys.exit(_main())

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from cli.report import main
 from studies.report import (
     CDF_POINTS,
     PCIE_BINS,
@@ -22,7 +23,6 @@ from studies.report import (
     Run,
     build_report,
     describe_runs,
-    main,
     timeline_runs,
 )
 from studies.sweep import load_grid, run_sweep

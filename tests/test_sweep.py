@@ -17,8 +17,9 @@ from typing import Any
 import pandas as pd
 import pytest
 
+from cli.sweep import main
 from hicache.config import ConfigError
-from studies.sweep import expand, load_grid, main, parse_grid, run_sweep
+from studies.sweep import expand, load_grid, parse_grid, run_sweep
 
 REPO = Path(__file__).resolve().parent.parent
 QUICK = REPO / "examples" / "quick.toml"
@@ -95,7 +96,7 @@ def test_interrupted_sweep_resumes(quick_sweep: tuple[Path, pd.DataFrame], tmp_p
     finished job committed and nothing half-written; the rerun runs only the rest."""
     _, reference = quick_sweep
     out = tmp_path / "sweep"
-    cmd = [sys.executable, "-m", "studies.sweep", str(QUICK), "--out", str(out), "--jobs", "2"]
+    cmd = [sys.executable, "-m", "cli.sweep", str(QUICK), "--out", str(out), "--jobs", "2"]
     proc = subprocess.Popen(cmd, cwd=REPO, start_new_session=True, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)  # fmt: skip
     runs = out / "runs"
