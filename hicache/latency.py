@@ -21,7 +21,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from hicache.hardware import GpuSpec, ModelSpec, kv_bytes_per_token, weight_bytes_per_rank
 
@@ -505,14 +505,59 @@ def layer_pipeline_end(
 # ---------------------------------------------------------------------------------------------
 
 
-def write_op_time(p: LinkParams, nbytes: int, runs: int, num_layers: int) -> float:
-    """One device->host backup of a node: a single op for all layers (one ``alpha``); the KV of
-    each contiguous run of pages is copied per layer, so ``gamma`` is paid ``runs * layers``
-    times (~0 for the kernel backend)."""
-    return p.alpha_s + runs * num_layers * p.gamma_s + nbytes / p.beta_Bps
+#: the two kinds of HiCache copy op: a node's device->host backup, a batch's merged load
+OP_KINDS = ("write", "load")
+OP_DIRECTION = {"write": "d2h", "load": "h2d"}
 
 
-def load_op_time(p: LinkParams, nbytes: int, runs: int, num_layers: int) -> float:
-    """One merged host->device load of a batch: issued layer by layer (``alpha`` per layer),
-    ``gamma`` per run per layer, ``nbytes / beta`` for the data."""
-    return num_layers * p.alpha_s + runs * num_layers * p.gamma_s + nbytes / p.beta_Bps
+def count_runs(device_pages: Sequence[int], host_pages: Sequence[int]) -> int:
+    """Contiguous runs of a paired page copy: a new run starts wherever either side is not the
+    previous page + 1 (one ``cudaMemcpyAsync`` per run and layer for ``direct`` IO). This is
+    the ``runs`` that :func:`op_charges` charges ``gamma`` for."""
+    n = len(device_pages)
+    if n != len(host_pages):
+        raise ValueError(f"page lists differ in length: {n} device vs {len(host_pages)} host")
+    if not n:
+        return 0
+    runs = 1
+    for i in range(1, n):
+        if device_pages[i] != device_pages[i - 1] + 1 or host_pages[i] != host_pages[i - 1] + 1:
+            runs += 1
+    return runs
+
+
+class OpCharges(NamedTuple):
+    """What one copy op is charged: ``n_alpha`` fixed costs, ``n_gamma`` per-run costs and
+    ``nbytes`` at the link's bandwidth."""
+
+    n_alpha: int
+    n_gamma: int
+    nbytes: int
+
+
+def op_charges(kind: str, nbytes: int, runs: int, layers: int) -> OpCharges:
+    """THE cost rule of a HiCache copy op (the simulator, the bench rows, the calibration fit
+    and the replay's predictions all use it).
+
+    * ``"write"``: one device->host backup of a node is a single op for all layers (``alpha``
+      once); the KV of each contiguous run of pages is copied per layer (``gamma`` per run per
+      layer, ~0 for the kernel backend);
+    * ``"load"``: a batch's merged host->device load is issued layer by layer (``alpha`` per
+      layer), ``gamma`` per run per layer.
+    """
+    if kind == "write":
+        return OpCharges(1, runs * layers, nbytes)
+    if kind == "load":
+        return OpCharges(layers, runs * layers, nbytes)
+    raise ValueError(f"unknown op kind {kind!r}; expected one of {', '.join(OP_KINDS)}")
+
+
+def charged_time(alpha_s: Any, gamma_s: Any, beta_Bps: Any, c: OpCharges) -> Any:
+    """Seconds for charges ``c``: ``n_alpha * alpha + n_gamma * gamma + nbytes / beta``
+    (element-wise when the arguments are arrays, as in a least-squares fit)."""
+    return c.n_alpha * alpha_s + c.n_gamma * gamma_s + c.nbytes / beta_Bps
+
+
+def op_time(link: LinkParams, c: OpCharges) -> float:
+    """Uncoupled seconds of an op with charges ``c`` on ``link`` (one backend, one direction)."""
+    return float(charged_time(link.alpha_s, link.gamma_s, link.beta_Bps, c))

@@ -1,18 +1,92 @@
-"""How a request's KV enters the tree: SGLang's ``cache_unfinished_req`` / ``cache_finished_req``.
+"""ONE request KV lifecycle, shared by every driver: admit, allocate, insert, finish, retract.
 
-In SGLang these live on ``RadixCache`` and read the request's slot table; here a small
-:class:`ReqKV` carries the same state: the request's paged key so far, the device pages holding
-its KV (the first ``protected_pages`` of them are the tree's, pinned through ``last_node``), and
-the lock it holds.
+The cache-only replay (``sim.hitrate``), the timed scheduler (``sim.scheduler``) and the
+real-copy replay (``replay.driver``) keep only their own batching and timing; what happens to a
+request's KV in the policy core happens here, once:
+
+1. **admit**: ``match_prefix`` on the first ``fill_len - 1`` tokens, page-aligned (SGLang always
+   recomputes at least one token); a host hit is loaded back (``init_load_back``, which applies
+   the load-back threshold) with the device prefix temporarily locked; the request then locks
+   its final last node (:meth:`KVLifecycle.admit`, or the steps :meth:`~KVLifecycle.match`,
+   :meth:`~KVLifecycle.hold`, :meth:`~KVLifecycle.load_back`, :meth:`~KVLifecycle.lock` for a
+   scheduler that checks its budgets in between, as SGLang's PrefillAdder does);
+2. **allocate prefill pages** with eviction (:meth:`~KVLifecycle.alloc`: the one out-of-memory
+   page rule — evict the requested tokens when the free pool is short, then allocate);
+3. **after prefill**: ``cache_unfinished_req`` (insert the full pages so far, free duplicates,
+   re-pin the new path); write-through backups are issued here;
+4. **allocate decode pages** (:meth:`~KVLifecycle.alloc_outputs` for a lone request);
+5. **finish**: ``cache_finished_req`` of prompt + outputs (``outputs="cache"``; output tokens
+   get unique symbols: they take space and never hit) or of the prompt only (``"skip"``);
+6. **retract / abort**: free the request's own pages, release its lock, insert nothing.
+
+In SGLang ``cache_unfinished_req`` / ``cache_finished_req`` live on ``RadixCache`` and read the
+request's slot table; here :class:`ReqKV` carries the same state: the request's paged key so
+far, the device pages holding its KV (the first ``protected_pages`` of them are the tree's,
+pinned through ``last_node``), and the lock it holds. :class:`PagedRequest` is the one request
+type every driver reads: a trace request at one page size.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from hicache.policy.hiradix import HiRadixCache
+from hicache.policy.hiradix import HiRadixCache, MatchResult
 from hicache.policy.radix import PageKey, TreeNode
+
+if TYPE_CHECKING:
+    from traces.schema import Trace
+
+OUTPUT_MODES = ("cache", "skip")
+
+
+@dataclass(frozen=True, slots=True)
+class PagedRequest:
+    """A trace request at one page size: one symbol per *full* prompt page, lengths in tokens,
+    and what an arrival process needs (trace time in seconds, session, turn, think time)."""
+
+    symbols: PageKey
+    input_length: int
+    output_length: int
+    rid: int = 0
+    arrival_s: float = 0.0
+    session: Hashable | None = None
+    turn: int | None = None
+    think_time_s: float = 0.0
+
+    @property
+    def kv_tokens(self) -> int:
+        """Tokens whose KV a finished request holds: prompt + outputs but the last token, whose
+        KV is never computed (SGLang's ``kv_committed_len``); at least one output token."""
+        return self.input_length + max(1, self.output_length) - 1
+
+
+def paged_requests(
+    trace: Trace, page_size: int, *, rate_scale: float = 1.0, limit: int = 0
+) -> list[PagedRequest]:
+    """The requests of a ``traces.schema.Trace`` at ``page_size`` (the first ``limit`` if > 0),
+    in file order; timestamps and think times divided by ``rate_scale``."""
+    from traces.keys import page_symbols
+
+    out = []
+    bs = trace.block_size
+    for i, r in enumerate(trace):
+        if limit and i >= limit:
+            break
+        out.append(
+            PagedRequest(
+                PageKey(page_symbols(r, page_size, bs)),
+                r.input_length,
+                r.output_length,
+                rid=i,
+                arrival_s=r.timestamp / 1000.0 / rate_scale,
+                session=r.session_id,
+                turn=r.turn,
+                think_time_s=(r.think_time_ms or 0.0) / 1000.0 / rate_scale,
+            )
+        )
+    return out
 
 
 @dataclass(slots=True)
@@ -26,31 +100,159 @@ class ReqKV:
     protected_pages: int = 0
 
 
-def admit(
-    cache: HiRadixCache, key: Sequence[Hashable], max_prefix_pages: int
-) -> tuple[ReqKV, int, int]:
-    """Match a new request and load its host hit, as ``PrefillAdder.add_one_req`` does.
+@dataclass(slots=True)
+class Admitted:
+    """What :meth:`KVLifecycle.admit` returns: the request's KV state and its hits in pages."""
 
-    Matches only the first ``max_prefix_pages`` pages (SGLang matches ``input_len - 1`` tokens),
-    loads a host hit back (``init_load_back``, with the device prefix temporarily locked), then
-    locks the final last node for the request. Returns (state, device-hit pages, loaded pages).
+    kv: ReqKV
+    device_pages: int
+    loaded_pages: int
+
+
+class KVLifecycle:
+    """The lifecycle steps of the module docstring on one :class:`HiRadixCache`.
+
+    ``outputs``: what ``finish`` inserts (``"cache"``: prompt + outputs, ``"skip"``: the prompt).
+    Unique output symbols are negative ints, numbered -1, -2, ... in the order they are needed.
     """
-    key = key if isinstance(key, PageKey) else PageKey(key)
-    m = cache.match_prefix(key, limit=max_prefix_pages * cache.page_size)
-    prefix = m.device_indices
-    last = m.last_device_node
-    loaded = 0
-    if m.host_hit_length > 0:
-        cache.inc_lock_ref(last)
-        pages, new_last = cache.init_load_back(m.best_match_node, m.host_hit_length)
-        cache.dec_lock_ref(last)
-        if pages:
-            prefix = prefix + pages
-            loaded = len(pages)
-        last = new_last
-    cache.inc_lock_ref(last)
-    req = ReqKV(key=key, kv=list(prefix), last_node=last, protected_pages=len(prefix))
-    return req, m.device_pages, loaded
+
+    def __init__(self, cache: HiRadixCache, outputs: str = "cache") -> None:
+        if outputs not in OUTPUT_MODES:
+            raise ValueError(f"outputs must be one of {', '.join(OUTPUT_MODES)}, got {outputs!r}")
+        self.cache = cache
+        self.page_size = cache.page_size
+        self.outputs = outputs
+        self._uniq = 0
+
+    # --------------------------------------------------------------------------- keys --
+    def prompt_key(self, req: PagedRequest) -> PageKey:
+        """The paged key of ``req``'s full prompt pages."""
+        n = req.input_length // self.page_size
+        sym = req.symbols
+        return sym if len(sym) == n and isinstance(sym, PageKey) else PageKey(sym[:n])
+
+    def extend_key(self, prompt: PageKey, out_symbols: list[Hashable], full: int) -> PageKey:
+        """The first ``full`` pages of prompt + outputs; ``out_symbols`` (the request's own
+        list, kept across retractions) grows with fresh unique symbols as needed."""
+        n = len(prompt)
+        if full <= n:
+            return prompt if full == n else PageKey(prompt[:full])
+        while len(out_symbols) < full - n:
+            self._uniq -= 1
+            out_symbols.append(self._uniq)
+        return PageKey((*prompt, *out_symbols[: full - n]))
+
+    # ---------------------------------------------------------------------- admission --
+    def match(self, key: Sequence[Hashable], fill_len: int) -> MatchResult:
+        """``match_prefix`` on the first ``fill_len - 1`` tokens, page-aligned."""
+        ps = self.page_size
+        return self.cache.match_prefix(key, limit=max(0, (fill_len - 1) // ps) * ps)
+
+    def hold(self, node: TreeNode) -> None:
+        """A temporary lock (PrefillAdder locks the device prefix while it decides)."""
+        self.cache.inc_lock_ref(node)
+
+    def release(self, node: TreeNode) -> None:
+        self.cache.dec_lock_ref(node)
+
+    def load_back(self, m: MatchResult) -> tuple[list[int], TreeNode]:
+        """Load ``m``'s host hit back (``init_load_back``: all or nothing, the threshold, the
+        eviction it needs); returns the request's device prefix pages and its last node."""
+        prefix = list(m.device_indices)
+        last = m.last_device_node
+        if m.host_hit_length > 0:
+            pages, last = self.cache.init_load_back(m.best_match_node, m.host_hit_length)
+            prefix += pages
+        return prefix, last
+
+    def lock(self, key: Sequence[Hashable], prefix: list[int], last: TreeNode) -> ReqKV:
+        """The request's own lock on its last node; its KV state starts with ``prefix``."""
+        self.cache.inc_lock_ref(last)
+        return ReqKV(key=key, kv=prefix, last_node=last, protected_pages=len(prefix))
+
+    def admit(self, key: Sequence[Hashable], fill_len: int) -> Admitted:
+        """Match, load back (the device prefix locked meanwhile) and lock, in one step."""
+        m = self.match(key, fill_len)
+        if m.host_hit_length > 0:
+            self.hold(m.last_device_node)
+            prefix, last = self.load_back(m)
+            self.release(m.last_device_node)
+        else:
+            prefix, last = list(m.device_indices), m.last_device_node
+        loaded = len(prefix) - m.device_pages
+        return Admitted(self.lock(key, prefix, last), m.device_pages, loaded)
+
+    # ------------------------------------------------------------------------- memory --
+    def alloc(self, pages: int, evict_tokens: int) -> list[int] | None:
+        """``pages`` device pages, evicting ``evict_tokens`` first when fewer are free (SGLang's
+        ``alloc_token_slots`` / ``alloc_paged_token_slots_extend``); ``None`` when the pool
+        cannot supply them even then."""
+        dev = self.cache.controller.device
+        if dev.available_size() < evict_tokens:
+            self.cache.evict(evict_tokens)
+        return dev.alloc_pages(pages)
+
+    def alloc_prompt(self, kv: ReqKV, prompt_tokens: int) -> list[int] | None:
+        """Pages for the rest of a lone request's prompt (the partial last page included),
+        evicting the full need plus one page of over-estimate when ``page_size > 1``. On
+        ``None`` the request is aborted (:meth:`abort`)."""
+        p = self.page_size
+        have = len(kv.kv)
+        need = -(-prompt_tokens // p) - have
+        if need <= 0:
+            return []
+        pages = self.alloc(need, prompt_tokens - have * p + (p if p > 1 else 0))
+        if pages is None:
+            self.abort(kv)
+            return None
+        kv.kv += pages
+        return pages
+
+    def alloc_outputs(self, kv: ReqKV, kv_tokens: int) -> bool:
+        """Decode pages of a lone request up to ``kv_tokens``: all at once when free, else one
+        page at each page boundary, evicting one page each (the decode memory check for a batch
+        of one). ``False``: the pool ran out; the request was aborted."""
+        p = self.page_size
+        need = -(-kv_tokens // p) - len(kv.kv)
+        if need <= 0:
+            return True
+        dev = self.cache.controller.device
+        got = dev.alloc_pages(need) if dev.free_page_count() >= need else None
+        if got is None:
+            got = []
+            for _ in range(need):
+                page = self.alloc(1, p)
+                if page is None:
+                    break
+                got += page
+        kv.kv += got
+        if len(got) < need:
+            self.abort(kv)
+            return False
+        return True
+
+    # ------------------------------------------------------------------------- insert --
+    def after_prefill(self, kv: ReqKV, chunked: bool = False) -> None:
+        """``cache_unfinished_req`` of ``kv.key`` (the caller sets it to what was prefilled)."""
+        cache_unfinished_req(self.cache, kv, chunked=chunked)
+
+    def finish(
+        self, kv: ReqKV, prompt: PageKey, out_symbols: list[Hashable], kv_tokens: int
+    ) -> None:
+        """``cache_finished_req`` of prompt + outputs (``outputs="cache"``: the full pages of
+        ``kv_tokens``) or of the prompt only (``"skip"``: still an insert, so it counts a hit)."""
+        if self.outputs == "cache":
+            full = kv_tokens // self.page_size
+            kv.key = self.extend_key(prompt, out_symbols, full)
+        else:
+            kv.key = prompt
+            full = len(prompt)
+        cache_finished_req(self.cache, kv, insert_pages=full)
+
+    def abort(self, kv: ReqKV) -> None:
+        """Retraction or out-of-memory: free the request's own pages beyond its protected
+        prefix and release its lock; nothing is inserted."""
+        cache_finished_req(self.cache, kv, insert=False)
 
 
 def cache_unfinished_req(cache: HiRadixCache, req: ReqKV, chunked: bool = False) -> None:

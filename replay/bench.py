@@ -18,10 +18,10 @@ Four sweeps, each row one timed repeat (after ``warmup`` untimed ones):
 
 Row columns: ``kind, backend, direction, host_memory, layout, bytes, pages, run_pages, runs,
 layers, n_alpha, n_gamma, calls, flops, repeat, duration_s``. ``n_alpha`` / ``n_gamma`` are how
-many times the latency model charges ``alpha`` / ``gamma`` for the row (``hicache.latency``:
-``write_op_time`` charges alpha once and gamma per run and layer, ``load_op_time`` alpha per
-layer), so the fit is one least-squares problem on ``[n_alpha, n_gamma, bytes]``. On ``gemm``
-rows, ``layout`` names the GEMM (``qkv``, ``o``, ``gate_up``, ``down``).
+many times the latency model charges ``alpha`` / ``gamma`` for the row (the one cost rule,
+``hicache.latency.op_charges``: a write pays alpha once and gamma per run and layer, a load
+alpha per layer), so the fit is one least-squares problem on ``[n_alpha, n_gamma, bytes]``.
+On ``gemm`` rows, ``layout`` names the GEMM (``qkv``, ``o``, ``gate_up``, ``down``).
 
 On the CPU (no CUDA) everything runs on plain tensors: there is no pinned memory (one
 ``pageable`` sweep), ``bidir`` runs the two directions in two threads, and there is no GEMM row.
@@ -40,7 +40,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from replay.calibrate import gemm_rate
+from replay.calibrate import charge_columns, gemm_rate
 from replay.outputs import write_json, write_table
 from replay.pools import KVPools, PoolSpec
 from replay.runtime import Runtime, code_commit
@@ -462,8 +462,7 @@ def op_rows(cfg: BenchConfig, rt: Runtime, rows: _Rows, log: Callable[[str], Non
                             run_pages=r,
                             runs=runs,
                             layers=layers,
-                            n_alpha=1 if direction == "d2h" else layers,
-                            n_gamma=runs * layers,
+                            **charge_columns(direction, n * spec.page_bytes, runs, layers),
                             calls=calls,
                         )
             pools.close()

@@ -1,13 +1,14 @@
 """Fit ``hicache.latency``'s transfer constants to measurements and write a profile JSON.
 
 The model (``hicache.latency``): an op that pays ``n_alpha`` fixed costs, ``n_gamma`` per-run costs
-and moves ``bytes`` takes ``n_alpha * alpha + n_gamma * gamma + bytes / beta``; a write pays
-alpha once and gamma per run and layer, a load alpha per layer (``write_op_time`` /
-``load_op_time``). Per IO backend and direction, :func:`fit_link` solves for ``(alpha, gamma,
-1/beta)`` by least squares over the benchmark's ``op`` rows (medians over repeats), plus the ops
-of any replay run directories given, each row weighted by ``1 / measured``: the error that
-matters is relative (the targets are median relative errors), and unweighted squares would let
-the 256 MiB copies decide everything and leave ``alpha`` to noise. Coefficients are kept
+and moves ``bytes`` takes ``n_alpha * alpha + n_gamma * gamma + bytes / beta``; what an op is
+charged is ``hicache.latency.op_charges``, the one cost rule (a write pays alpha once and gamma
+per run and layer, a load alpha per layer). Per IO backend and direction, :func:`fit_link`
+solves for ``(alpha, gamma, 1/beta)`` by least squares over the benchmark's ``op`` rows
+(medians over repeats), plus the ops of any replay run directories given, each row weighted
+by ``1 / measured``: the error that matters is relative (the targets are median relative
+errors), and unweighted squares would let the 256 MiB copies decide everything and leave
+``alpha`` to noise. Coefficients are kept
 non-negative (a negative one is pinned to 0 and the rest refitted); a ``gamma`` that the rows
 cannot tell apart from ``alpha`` (every op with the same runs per alpha) is pinned to 0.
 
@@ -36,7 +37,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from hicache.latency import BACKENDS, DIRECTIONS, LinkParams, Profile
+from hicache.latency import (
+    BACKENDS,
+    DIRECTIONS,
+    LinkParams,
+    OpCharges,
+    Profile,
+    charged_time,
+    op_charges,
+)
 from replay.outputs import read_json, read_table
 
 #: bidir sizes at least this large estimate eta (alpha is negligible there)
@@ -71,7 +80,8 @@ class LinkFit:
     """Coefficients forced to 0 (negative or not identifiable)."""
 
     def predict(self, n_alpha: Any, n_gamma: Any, nbytes: Any) -> Any:
-        return n_alpha * self.alpha_s + n_gamma * self.gamma_s + nbytes / self.beta_Bps
+        c = OpCharges(n_alpha, n_gamma, nbytes)
+        return charged_time(self.alpha_s, self.gamma_s, self.beta_Bps, c)
 
     def describe(self) -> str:
         pin = f", pinned to 0: {', '.join(self.pinned)}" if self.pinned else ""
@@ -178,19 +188,31 @@ def op_rows_for_fit(
     return sel
 
 
+def charge_columns(direction: str, nbytes: int, runs: int, layers: int) -> dict[str, int]:
+    """The fit columns ``n_alpha`` / ``n_gamma`` of a copy op in ``direction`` (d2h is a
+    write, h2d a load), from ``hicache.latency.op_charges``."""
+    kind = "write" if direction == "d2h" else "load"
+    c = op_charges(kind, nbytes, runs, layers)
+    return {"n_alpha": c.n_alpha, "n_gamma": c.n_gamma}
+
+
 def replay_rows(dirs: Sequence[Path]) -> pd.DataFrame:
     """The op tables of replay run directories as fit rows (``n_alpha``, ``n_gamma``)."""
     frames = []
     for d in dirs:
         ops = read_table(Path(d), "ops")
+        charges = [
+            charge_columns(str(dr), int(nb), int(r), int(ly))
+            for dr, nb, r, ly in zip(ops.direction, ops.nbytes, ops.runs, ops.layers, strict=True)
+        ]
         f = pd.DataFrame(
             {
                 "backend": ops.backend,
                 "direction": ops.direction,
                 "layout": ops.layout,
                 "bytes": ops.nbytes,
-                "n_alpha": np.where(ops.direction == "h2d", ops.layers, 1),
-                "n_gamma": ops.runs * ops.layers,
+                "n_alpha": [c["n_alpha"] for c in charges],
+                "n_gamma": [c["n_gamma"] for c in charges],
                 "duration_s": ops.duration_s,
             }
         )

@@ -29,33 +29,16 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from hicache.lifecycle import ReqKV, admit, cache_finished_req, cache_unfinished_req
+from hicache.lifecycle import Admitted, KVLifecycle, PagedRequest, ReqKV, paged_requests
 from hicache.policy import HiRadixCache, PageKey
 from replay.controller import TorchController
 
 _MASK = (1 << 62) - 1
 
 
-@dataclass(frozen=True, slots=True)
-class TraceRequest:
-    """What the replay needs of a trace request: one symbol per full prompt page, lengths."""
-
-    symbols: PageKey
-    input_length: int
-    output_length: int
-
-
-def trace_requests(trace: Any, page_size: int, limit: int = 0) -> list[TraceRequest]:
+def trace_requests(trace: Any, page_size: int, limit: int = 0) -> list[PagedRequest]:
     """The requests of a ``traces.schema.Trace`` (first ``limit`` if > 0), in file order."""
-    from traces.keys import page_symbols
-
-    out = []
-    for i, r in enumerate(trace):
-        if limit and i >= limit:
-            break
-        sym = page_symbols(r, page_size, trace.block_size)
-        out.append(TraceRequest(PageKey(sym), r.input_length, r.output_length))
-    return out
+    return paged_requests(trace, page_size, limit=limit)
 
 
 @dataclass
@@ -95,11 +78,13 @@ def _stamps(key: Sequence[Hashable], upto: int) -> list[int]:
 
 @dataclass
 class _Live:
-    r: TraceRequest
+    r: PagedRequest
     key: PageKey
-    req: ReqKV
-    dev_pages: int
-    loaded_pages: int
+    adm: Admitted
+
+    @property
+    def req(self) -> ReqKV:
+        return self.adm.kv
 
 
 class TraceReplayer:
@@ -118,8 +103,6 @@ class TraceReplayer:
         verify: bool = False,
         forward: Callable[[], None] | None = None,
     ) -> None:
-        if outputs not in ("cache", "skip"):
-            raise ValueError(f"outputs must be cache or skip, got {outputs!r}")
         self.ctrl = ctrl
         self.cache = HiRadixCache(
             ctrl,
@@ -134,14 +117,8 @@ class TraceReplayer:
         # model): called before a batch's loads, before its prefill writes and before the
         # writes at its requests' finish
         self._forward = forward or (lambda: None)
+        self.life = KVLifecycle(self.cache, outputs)
         self.result = ReplayResult()
-        self._uniq = 0  # next unique (negative) symbol for output pages, as sim.hitrate
-
-    def _alloc(self, pages: int, evict_tokens: int) -> list[int] | None:
-        dev = self.ctrl.device
-        if dev.available_size() < evict_tokens:
-            self.cache.evict(evict_tokens)
-        return dev.alloc_pages(pages)
 
     def _check(self, live: _Live) -> None:
         n = len(live.req.kv)
@@ -164,7 +141,7 @@ class TraceReplayer:
         self.ctrl.synchronize()
 
     def run(
-        self, reqs: Sequence[TraceRequest], max_tokens: int = 0, max_requests: int = 1
+        self, reqs: Sequence[PagedRequest], max_tokens: int = 0, max_requests: int = 1
     ) -> ReplayResult:
         """Serve ``reqs`` in order, in batches (module docstring), and :meth:`finish`.
 
@@ -195,22 +172,20 @@ class TraceReplayer:
             self.serve(admitted)
         return self.finish()
 
-    def _admit(self, r: TraceRequest) -> _Live:
+    def _admit(self, r: PagedRequest) -> _Live:
         """Match ``r`` and queue the load of its host hit (step 1 for one request)."""
-        res, p = self.result, self.p
+        res = self.result
         res.requests += 1
         res.prompt_tokens += r.input_length
-        n = r.input_length // p
-        key = r.symbols if len(r.symbols) == n else PageKey(r.symbols[:n])
-        req, dev_pages, loaded = admit(self.cache, key, max(0, (r.input_length - 1) // p))
-        return _Live(r, key, req, dev_pages, loaded)
+        key = self.life.prompt_key(r)
+        return _Live(r, key, self.life.admit(key, r.input_length))
 
     def serve(self, admitted: Sequence[_Live]) -> None:
         """Steps 1 (the merged load) to 3 for a batch of admitted requests."""
-        cache, p, res = self.cache, self.p, self.result
+        cache, res = self.cache, self.result
         res.batches += 1
         self._forward()  # the previous batch's forward pass
-        if any(a.loaded_pages for a in admitted):
+        if any(a.adm.loaded_pages for a in admitted):
             cache.ready_to_load_host_cache()
             self._sync()
             cache.loading_check()
@@ -220,17 +195,13 @@ class TraceReplayer:
         self._forward()  # this batch's prefill, which produces the KV its writes copy
         prefilled = []
         for a in admitted:
-            L = a.r.input_length
             have = len(a.req.kv)
-            need = -(-L // p) - have
-            pages = self._alloc(need, L - have * p + (p if p > 1 else 0)) if need > 0 else []
+            pages = self.life.alloc_prompt(a.req, a.r.input_length)
             if pages is None:
                 res.oom_requests += 1
-                cache_finished_req(cache, a.req, insert=False)
                 continue
-            a.req.kv += pages
             self._stamp(pages[: max(0, len(a.key) - have)], a.key, have)
-            cache_unfinished_req(cache, a.req)
+            self.life.after_prefill(a.req)
             self._sync()
             cache.writing_check()
             prefilled.append(a)
@@ -240,43 +211,21 @@ class TraceReplayer:
             self._finish(a)
 
     def _finish(self, a: _Live) -> None:
-        cache, p, res, req = self.cache, self.p, self.result, a.req
-        L = a.r.input_length
-        total = L + max(1, a.r.output_length) - 1
-        need = -(-total // p) - len(req.kv)
-        if need > 0:
-            dev = self.ctrl.device
-            got = dev.alloc_pages(need) if dev.free_page_count() >= need else None
-            if got is None:
-                got = []
-                for _ in range(need):
-                    page = self._alloc(1, p)
-                    if page is None:
-                        break
-                    got += page
-            req.kv += got
-            if len(got) < need:
-                res.oom_requests += 1
-                cache_finished_req(cache, req, insert=False)
-                res.device_hit_tokens += a.dev_pages * p
-                res.host_hit_tokens += a.loaded_pages * p
-                return
-        if self.outputs == "cache":
-            full = total // p
-            n = len(a.key)
-            extra = full - n
-            if extra > 0:
-                start = self._uniq
-                self._uniq -= extra
-                req.key = PageKey((*a.key, *range(start - 1, start - 1 - extra, -1)))
-                self._stamp(req.kv[n:full], req.key, n)
-            cache_finished_req(cache, req, insert_pages=full)
+        life, p, res, req = self.life, self.p, self.result, a.req
+        total = a.r.kv_tokens
+        if life.alloc_outputs(req, total):
+            out: list[Hashable] = []  # the outputs' unique page symbols
+            n, full = len(a.key), total // p
+            if self.verify and life.outputs == "cache" and full > n:
+                # stamp the outputs' KV before the insert issues its write-through copies
+                self._stamp(req.kv[n:full], life.extend_key(a.key, out, full), n)
+            life.finish(req, a.key, out, total)
+            self._sync()
+            self.cache.writing_check()
         else:
-            cache_finished_req(cache, req, insert_pages=L // p)
-        self._sync()
-        cache.writing_check()
-        res.device_hit_tokens += a.dev_pages * p
-        res.host_hit_tokens += a.loaded_pages * p
+            res.oom_requests += 1
+        res.device_hit_tokens += a.adm.device_pages * p
+        res.host_hit_tokens += a.adm.loaded_pages * p
 
     def finish(self) -> ReplayResult:
         """Wait for the last copies and fill in the controller and cache counters."""
@@ -291,4 +240,4 @@ class TraceReplayer:
         return res
 
 
-__all__ = ["ReplayResult", "TraceReplayer", "TraceRequest", "trace_requests"]
+__all__ = ["ReplayResult", "TraceReplayer", "trace_requests"]

@@ -30,26 +30,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from hicache.latency import count_runs
 from replay.runtime import Runtime
 
 LAYOUTS = ("layer_first", "page_first")
 _DTYPES = (torch.int64, torch.int32, torch.int16, torch.uint8)
-
-
-def count_runs(device_pages: Sequence[int], host_pages: Sequence[int]) -> int:
-    """Contiguous runs of a paired page copy: a new run starts wherever either side is not the
-    previous page + 1 (one ``cudaMemcpyAsync`` per run and part and layer for ``direct`` IO).
-    This is the count the simulator charges ``gamma`` for."""
-    n = len(device_pages)
-    if n != len(host_pages):
-        raise ValueError(f"page lists differ in length: {n} device vs {len(host_pages)} host")
-    if not n:
-        return 0
-    runs = 1
-    for i in range(1, n):
-        if device_pages[i] != device_pages[i - 1] + 1 or host_pages[i] != host_pages[i - 1] + 1:
-            runs += 1
-    return runs
 
 
 def split_runs(

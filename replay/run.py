@@ -4,7 +4,7 @@
 through :class:`~hicache.policy.HiRadixCache` (the same code the simulator runs) on a
 :class:`~replay.controller.TorchController`, so every backup and load_back moves real bytes
 between a device KV tensor and a (pinned) host tensor; compute is not executed. Each op is timed
-and set beside what ``hicache.latency`` predicts for it (``write_op_time`` / ``load_op_time`` with
+and set beside what ``hicache.latency`` predicts for it (``op_time`` of ``op_charges``, with
 the profile's constants for the backend, uncoupled: the driver never overlaps the two
 directions). :func:`run_replay` also measures the plain large-copy peak of the same machine and
 reports the large ops' effective bandwidth against it.
@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from hicache.latency import Profile, load_op_time, write_op_time
+from hicache.latency import OP_DIRECTION, Profile, op_charges, op_time
 from hicache.policy import PageAllocator
 from hicache.policy.allocator import device_pool
 from replay.controller import TorchController
@@ -151,10 +151,8 @@ def predict(profile: Profile, ops: pd.DataFrame) -> np.ndarray:
     for i, (kind, b, nb, runs, layers) in enumerate(
         zip(ops.kind, ops.backend, ops.nbytes, ops.runs, ops.layers, strict=True)
     ):
-        if kind == "write":
-            out[i] = write_op_time(profile.link(str(b), "d2h"), int(nb), int(runs), int(layers))
-        else:
-            out[i] = load_op_time(profile.link(str(b), "h2d"), int(nb), int(runs), int(layers))
+        link = profile.link(str(b), OP_DIRECTION[str(kind)])
+        out[i] = op_time(link, op_charges(str(kind), int(nb), int(runs), int(layers)))
     return out
 
 

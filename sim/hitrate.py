@@ -31,7 +31,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from hicache.lifecycle import admit, cache_finished_req, cache_unfinished_req
+from hicache.lifecycle import OUTPUT_MODES, KVLifecycle, PagedRequest, paged_requests
 from hicache.policy import (
     STRATEGIES,
     WRITE_POLICIES,
@@ -43,7 +43,6 @@ from hicache.policy import (
 )
 from hicache.policy.allocator import device_pool
 
-OUTPUT_MODES = ("cache", "skip")
 EVICTIONS = (*STRATEGIES, "oracle")
 
 
@@ -127,15 +126,6 @@ class HitRateResult:
         return d
 
 
-@dataclass(frozen=True, slots=True)
-class ReplayRequest:
-    """What the replay needs of a trace request: prompt page symbols and lengths."""
-
-    symbols: Sequence[Hashable]
-    input_length: int
-    output_length: int
-
-
 class CacheReplay:
     """Drives one :class:`HiRadixCache` through requests in order (see the module docstring)."""
 
@@ -152,75 +142,33 @@ class CacheReplay:
             eviction_policy=eviction_key if eviction_key is not None else cfg.eviction,
             volatile_keys=eviction_key is not None,
         )
+        self.life = KVLifecycle(self.cache, cfg.outputs)
         self.result = HitRateResult()
-        self._uniq = 0  # next unique (negative) symbol for output pages
 
-    def _alloc(self, pages: int, evict_tokens: int) -> list[int] | None:
-        dev = self.device
-        if dev.available_size() < evict_tokens:
-            self.cache.evict(evict_tokens)
-        return dev.alloc_pages(pages)
-
-    def step(self, r: ReplayRequest) -> tuple[int, int]:
+    def step(self, r: PagedRequest) -> tuple[int, int]:
         """Serve one request; returns (device-hit tokens, loaded host-hit tokens)."""
-        cache, p = self.cache, self.cfg.page_size
-        res = self.result
-        L = r.input_length
+        cache, life, p, res = self.cache, self.life, self.cfg.page_size, self.result
         res.requests += 1
-        res.prompt_tokens += L
-        n = L // p
-        sym = r.symbols
-        key = sym if len(sym) == n and isinstance(sym, PageKey) else PageKey(sym[:n])
-        req, dev_pages, loaded_pages = admit(cache, key, max(0, (L - 1) // p))
-        if loaded_pages:
+        res.prompt_tokens += r.input_length
+        key = life.prompt_key(r)
+        a = life.admit(key, r.input_length)
+        if a.loaded_pages:
             cache.ready_to_load_host_cache()
             cache.loading_check()
-        # prefill: pages for the rest of the prompt (the partial last page included)
-        have = len(req.kv)
-        need = -(-L // p) - have
-        pages = self._alloc(need, L - have * p + (p if p > 1 else 0)) if need > 0 else []
-        if pages is None:
+        if life.alloc_prompt(a.kv, r.input_length) is None:
             res.oom_requests += 1
-            cache_finished_req(cache, req, insert=False)
             return 0, 0
-        req.kv += pages
-        cache_unfinished_req(cache, req)
+        life.after_prefill(a.kv)
         cache.writing_check()
-        # decode: one page at each page boundary (all at once when nothing needs evicting). The
-        # KV kept is prompt + outputs but the last token, whose KV is never computed (SGLang's
-        # kv_committed_len); a request always produces at least one token.
-        total = L + max(1, r.output_length) - 1
-        need = -(-total // p) - len(req.kv)
-        if need > 0:
-            got = self.device.alloc_pages(need) if self.device.free_page_count() >= need else None
-            if got is None:
-                got = []
-                for _ in range(need):
-                    page = self._alloc(1, p)
-                    if page is None:
-                        break
-                    got += page
-            req.kv += got
-            if len(got) < need:
-                res.oom_requests += 1
-                cache_finished_req(cache, req, insert=False)
-                res.device_hit_tokens += dev_pages * p
-                res.host_hit_tokens += loaded_pages * p
-                return dev_pages * p, loaded_pages * p
-        if self.cfg.outputs == "cache":
-            full = total // p
-            extra = full - len(key)
-            if extra > 0:
-                start = self._uniq
-                self._uniq -= extra
-                req.key = PageKey((*key, *range(start - 1, start - 1 - extra, -1)))
-            cache_finished_req(cache, req, insert_pages=full)
+        if life.alloc_outputs(a.kv, r.kv_tokens):
+            life.finish(a.kv, key, [], r.kv_tokens)
+            cache.writing_check()
         else:
-            cache_finished_req(cache, req, insert_pages=L // p)
-        cache.writing_check()
-        res.device_hit_tokens += dev_pages * p
-        res.host_hit_tokens += loaded_pages * p
-        return dev_pages * p, loaded_pages * p
+            res.oom_requests += 1
+        dev, host = a.device_pages * p, a.loaded_pages * p
+        res.device_hit_tokens += dev
+        res.host_hit_tokens += host
+        return dev, host
 
     def finish(self) -> HitRateResult:
         res, ctrl, st = self.result, self.ctrl, self.cache.stats
@@ -243,7 +191,7 @@ class NextUseOracle:
 
     NEVER = 1 << 62
 
-    def __init__(self, requests: Sequence[ReplayRequest]) -> None:
+    def __init__(self, requests: Sequence[PagedRequest]) -> None:
         trie: dict[tuple[int, Hashable], int] = {}
         uses: list[list[int]] = []
         for i, r in enumerate(requests):
@@ -293,7 +241,7 @@ class NextUseOracle:
         return (-nxt, node.last_access_time)
 
 
-def replay(requests: Sequence[ReplayRequest], cfg: HitRateConfig) -> HitRateResult:
+def replay(requests: Sequence[PagedRequest], cfg: HitRateConfig) -> HitRateResult:
     """Run the cache-only replay of ``requests`` under ``cfg`` (``eviction="oracle"`` allowed)."""
     if cfg.eviction == "oracle":
         oracle = NextUseOracle(requests)
@@ -317,23 +265,18 @@ __all__ = [
     "HitRateResult",
     "NextUseOracle",
     "PageKey",
+    "PagedRequest",
     "replay",
 ]
 
 
 # ------------------------------------------------------------------------- grids of configs --
-_GRID_REQUESTS: dict[int, list[ReplayRequest]] = {}
+_GRID_REQUESTS: dict[int, list[PagedRequest]] = {}
 
 
-def requests_for(trace: Any, page_size: int) -> list[ReplayRequest]:
-    """Replay requests (prompt page symbols) of a ``traces.schema.Trace`` at ``page_size``."""
-    from traces.keys import page_symbols
-
-    bs = trace.block_size
-    return [
-        ReplayRequest(PageKey(page_symbols(r, page_size, bs)), r.input_length, r.output_length)
-        for r in trace
-    ]
+def requests_for(trace: Any, page_size: int) -> list[PagedRequest]:
+    """The requests of a ``traces.schema.Trace`` at ``page_size``."""
+    return paged_requests(trace, page_size)
 
 
 def _run_one(cfg: HitRateConfig) -> dict[str, Any]:

@@ -14,9 +14,8 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
-from typing import Any
 
 import simpy
 
@@ -35,7 +34,8 @@ class Job:
     runs: int = 1
     kind: str = ""
     on_done: Callable[[Job], None] | None = None
-    meta: dict[str, Any] = field(default_factory=dict)
+    done: simpy.Event | None = None
+    """Succeeds when the job completes (after ``on_done``), for a process that waits on it."""
     enqueued: float = 0.0
     start: float = -1.0
     end: float = -1.0
@@ -139,8 +139,7 @@ class DuplexLink:
         d.t = now
         self._arm(d)
         for j in jobs:
-            if j.on_done is not None:
-                j.on_done(j)
+            _complete(j)
         return t
 
     # ---------------------------------------------------------------------------- internals --
@@ -176,8 +175,7 @@ class DuplexLink:
         d.busy_time += self.env.now - d.busy_since
         self._start_next(d)
         self._retune(self.dirs[_other(d.name)])
-        if job.on_done is not None:
-            job.on_done(job)
+        _complete(job)
         if self.on_change is not None:
             self.on_change()
 
@@ -201,6 +199,13 @@ class DuplexLink:
         if want != d.rate:
             self._advance(d)
             self._arm(d)
+
+
+def _complete(job: Job) -> None:
+    if job.on_done is not None:
+        job.on_done(job)
+    if job.done is not None:
+        job.done.succeed()
 
 
 def _other(direction: str) -> str:

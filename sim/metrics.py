@@ -7,46 +7,98 @@ state changes, thinned to a bounded number of rows) and ``transfers`` (one row p
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+from hicache import fsutil
+
+
+class RequestRow(NamedTuple):
+    """One request as recorded at its finish (times in simulated seconds; -1 = never)."""
+
+    rid: int
+    arrival_s: float
+    admitted_s: float
+    first_token_s: float
+    finish_s: float  # -1: rejected at arrival
+    prefill_s: float
+    load_stall_s: float
+    prompt_tokens: int
+    output_tokens: int
+    device_hit_tokens: int
+    host_hit_tokens: int
+    host_hit_recomputed_tokens: int
+    computed_tokens: int
+    retractions: int
+
+
+class TimelineRow(NamedTuple):
+    """The state of the pools, queues and link at one scheduler step."""
+
+    t_s: float
+    device_free_tokens: int
+    device_evictable_tokens: int
+    device_protected_tokens: int
+    device_request_tokens: int
+    host_used_tokens: int
+    waiting: int
+    running: int
+    d2h_busy_s: float
+    h2d_busy_s: float
+
+
+class TransferRow(NamedTuple):
+    """One copy op on the link."""
+
+    direction: str
+    kind: str
+    bytes: int
+    pages: int
+    runs: int
+    enqueue_s: float
+    start_s: float
+    end_s: float
+
+
+#: columns derived from a request row's times when the table is built (NaN for a rejected
+#: request): ttft = first token - arrival, tpot = (finish - first token) / (outputs - 1) (NaN for
+#: one output token), e2e = finish - arrival, queue = admitted - arrival
+DERIVED_REQUEST_COLUMNS = ("ttft_s", "tpot_s", "e2e_s", "queue_s")
 REQUEST_COLUMNS = (
-    "rid",
-    "arrival_s",
-    "admitted_s",
-    "first_token_s",
-    "finish_s",
-    "ttft_s",
-    "tpot_s",
-    "e2e_s",
-    "queue_s",
-    "prefill_s",
-    "load_stall_s",
-    "prompt_tokens",
-    "output_tokens",
-    "device_hit_tokens",
-    "host_hit_tokens",
-    "host_hit_recomputed_tokens",
-    "computed_tokens",
-    "retractions",
+    *RequestRow._fields[:5],
+    *DERIVED_REQUEST_COLUMNS,
+    *RequestRow._fields[5:],
 )
-TIMELINE_COLUMNS = (
-    "t_s",
-    "device_free_tokens",
-    "device_evictable_tokens",
-    "device_protected_tokens",
-    "device_request_tokens",
-    "host_used_tokens",
-    "waiting",
-    "running",
-    "d2h_busy_s",
-    "h2d_busy_s",
-)
-TRANSFER_COLUMNS = ("direction", "kind", "bytes", "pages", "runs", "enqueue_s", "start_s", "end_s")
+TIMELINE_COLUMNS = TimelineRow._fields
+TRANSFER_COLUMNS = TransferRow._fields
+
+
+def request_frame(rows: Sequence[RequestRow]) -> Any:
+    """The ``requests`` table: the rows, the derived columns computed once, in
+    ``REQUEST_COLUMNS`` order."""
+    import numpy as np
+    import pandas as pd
+
+    df = pd.DataFrame(rows, columns=list(RequestRow._fields))
+    done = df["finish_s"].to_numpy() >= 0
+    arrival, first, finish = (
+        df[c].to_numpy(dtype=float) for c in ("arrival_s", "first_token_s", "finish_s")
+    )
+    out = df["output_tokens"].to_numpy()
+    nan = np.nan
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tpot = np.where(out > 1, (finish - first) / np.maximum(out - 1, 1), nan)
+    derived = {
+        "ttft_s": np.where(done, first - arrival, nan),
+        "tpot_s": np.where(done, tpot, nan),
+        "e2e_s": np.where(done, finish - arrival, nan),
+        "queue_s": np.where(done, df["admitted_s"].to_numpy(dtype=float) - arrival, nan),
+    }
+    for i, name in enumerate(DERIVED_REQUEST_COLUMNS):
+        df.insert(5 + i, name, derived[name])
+    return df
 
 
 @dataclass
@@ -54,19 +106,19 @@ class Recorder:
     """Collects rows as tuples; builds DataFrames once at the end."""
 
     timeline_max_rows: int = 20_000
-    requests: list[tuple[Any, ...]] = field(default_factory=list)
-    timeline: list[tuple[Any, ...]] = field(default_factory=list)
-    transfers: list[tuple[Any, ...]] = field(default_factory=list)
+    requests: list[RequestRow] = field(default_factory=list)
+    timeline: list[TimelineRow] = field(default_factory=list)
+    transfers: list[TransferRow] = field(default_factory=list)
     _stride: int = 1
     _skip: int = 0
 
-    def add_request(self, row: tuple[Any, ...]) -> None:
+    def add_request(self, row: RequestRow) -> None:
         self.requests.append(row)
 
-    def add_transfer(self, row: tuple[Any, ...]) -> None:
+    def add_transfer(self, row: TransferRow) -> None:
         self.transfers.append(row)
 
-    def sample(self, row: tuple[Any, ...]) -> None:
+    def sample(self, row: TimelineRow) -> None:
         """Keep every ``stride``-th sample; when the table is full, drop every other row and
         double the stride (memory stays bounded whatever the run length)."""
         self._skip += 1
@@ -83,7 +135,7 @@ class Recorder:
         import pandas as pd
 
         return {
-            "requests": pd.DataFrame(self.requests, columns=list(REQUEST_COLUMNS)),
+            "requests": request_frame(self.requests),
             "timeline": pd.DataFrame(self.timeline, columns=list(TIMELINE_COLUMNS)),
             "transfers": pd.DataFrame(self.transfers, columns=list(TRANSFER_COLUMNS)),
         }
@@ -136,18 +188,9 @@ def summarize(frames: dict[str, Any], sim_duration_s: float, wall_time_s: float)
 
 
 def write_json_atomic(obj: Any, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(obj, f, indent=1, sort_keys=True, allow_nan=True)
-        f.write("\n")
-    os.chmod(tmp, 0o644)  # mkstemp creates 0600; outputs are meant to be shared
-    os.replace(tmp, path)
+    """``summary.json`` / ``config.json``: sorted keys, one-space indent (stable diffs)."""
+    fsutil.write_json_atomic(obj, path, indent=1, sort_keys=True)
 
 
 def write_parquet_atomic(df: Any, path: Path) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    os.close(fd)
-    df.to_parquet(tmp, index=False)
-    os.chmod(tmp, 0o644)  # mkstemp creates 0600; outputs are meant to be shared
-    os.replace(tmp, path)
+    fsutil.write_parquet_atomic(df, path)

@@ -24,14 +24,18 @@ from typing import Any, Protocol
 import simpy
 
 from hicache.config import SchedulerConfig
-from hicache.lifecycle import ReqKV, cache_finished_req, cache_unfinished_req
+from hicache.latency import layer_pipeline_end
+from hicache.lifecycle import KVLifecycle, PagedRequest, ReqKV
 from hicache.policy import HiRadixCache, PageKey
+from sim.link import Job
 
 
 class CostModel(Protocol):
-    """Timing the scheduler needs (``sim.engine`` builds it from the latency model)."""
+    """Timing the scheduler needs (``sim.costs.Costs`` is the one built from the latency
+    model)."""
 
-    num_layers: int
+    @property
+    def num_layers(self) -> int: ...
 
     def prefill_time(self, reqs: list[tuple[int, int]]) -> float:
         """Seconds for one prefill batch of (new tokens, cached tokens) per request."""
@@ -39,6 +43,19 @@ class CostModel(Protocol):
 
     def decode_coeffs(self, batch_size: int) -> tuple[float, float]:
         """(a, b): one decode step of this batch takes ``a + b * kv_tokens``."""
+        ...
+
+
+class LinkControl(Protocol):
+    """What the scheduler needs from the controller (``sim.controller.SimController``)."""
+
+    def launch_loads(self) -> Job | None:
+        """``ready_to_load_host_cache``: launch the batch's queued loads as one job (or None);
+        the job's ``done`` event fires when it completes."""
+        ...
+
+    def take_stall(self) -> float:
+        """Time until which a blocking write_back wait holds the scheduler (then cleared)."""
         ...
 
 
@@ -55,16 +72,13 @@ class SchedulerParams(SchedulerConfig):
 
 @dataclass(eq=False)
 class SimReq:
-    """A request as the scheduler sees it."""
+    """The scheduler's state of one :class:`~hicache.lifecycle.PagedRequest`: when it really
+    arrived (closed-loop turns arrive after their predecessor), its progress and its metrics."""
 
-    rid: int
-    arrival: float
-    input_length: int
-    output_length: int
-    symbols: PageKey
-    session: Any = None
-    turn: int | None = None
-    think_time_s: float = 0.0
+    req: PagedRequest
+    arrival: float = -1.0  # -1: the trace's arrival time
+    output_length: int = 0  # tokens to generate (at least 1; set from the request)
+    prompt: PageKey = field(default_factory=PageKey)  # full prompt pages (set at arrival)
     # progress
     kv: ReqKV | None = None
     fill_len: int = 0  # tokens to prefill this admission (prompt, + decoded after retraction)
@@ -84,6 +98,19 @@ class SimReq:
     load_stall_s: float = 0.0
     retractions: int = 0
 
+    def __post_init__(self) -> None:
+        if self.arrival < 0:
+            self.arrival = self.req.arrival_s
+        self.output_length = max(1, self.req.output_length)
+
+    @property
+    def rid(self) -> int:
+        return self.req.rid
+
+    @property
+    def input_length(self) -> int:
+        return self.req.input_length
+
 
 class Scheduler:
     def __init__(
@@ -92,17 +119,20 @@ class Scheduler:
         cache: HiRadixCache,
         cost: CostModel,
         params: SchedulerParams,
-        ctrl: Any,
+        ctrl: LinkControl,
         on_finish: Callable[[SimReq], None],
         sample: Callable[[], None],
+        next_arrival: Callable[[], float],
     ) -> None:
         self.env = env
         self.cache = cache
+        self.life = KVLifecycle(cache, params.outputs)
         self.cost = cost
         self.p = params
         self.ctrl = ctrl
         self.on_finish = on_finish
         self.sample = sample
+        self.next_arrival = next_arrival  # the next open-loop arrival time (inf: none)
         self.waiting: deque[SimReq] = deque()
         self.running: list[SimReq] = []
         self.chunked: SimReq | None = None
@@ -112,13 +142,12 @@ class Scheduler:
         self.ratio_decay = (init - self.min_ratio) / max(1, params.new_token_ratio_decay_steps)
         self.new_token_ratio = init
         self._wake: simpy.Event = env.event()
-        self._uniq = 0
-        self.next_arrival: Callable[[], float] = lambda: float("inf")
         self.iterations = 0
         self.spans: list[tuple[str, float, float, int]] = []  # compute: (kind, start, end, bs)
 
     # ---------------------------------------------------------------------------- inbox --
     def arrive(self, req: SimReq) -> None:
+        req.prompt = self.life.prompt_key(req.req)
         req.fill_len = req.input_length
         self.waiting.append(req)
         self.wake()
@@ -162,7 +191,7 @@ class Scheduler:
         ps = p.page_size
         if p.max_running_requests and len(self.running) >= p.max_running_requests:
             return None
-        cache = self.cache
+        cache, life = self.cache, self.life
         if p.policy == "lpm" and 1 < len(self.waiting) <= p.lpm_max_queue:
             self._sort_lpm()
         dev_pool = cache.controller.device
@@ -198,8 +227,7 @@ class Scheduler:
                 break
             req = self.waiting[0]
             key = self._fill_key(req)
-            limit_pages = max(0, (req.fill_len - 1) // ps)
-            m = cache.match_prefix(key, limit=limit_pages * ps)
+            m = life.match(key, req.fill_len)
             dev = m.device_hit_length
             extend = req.fill_len - dev
             total = extend + min(req.output_length - req.decoded, clip) + ps
@@ -207,36 +235,29 @@ class Scheduler:
                 break  # NO_TOKEN
             if not chunking and batch and extend - m.host_hit_length >= rem_input:
                 break  # OTHER
-            last = m.last_device_node
-            cache.inc_lock_ref(last)  # temporary lock, as PrefillAdder does
+            life.hold(m.last_device_node)  # temporary lock, as PrefillAdder does
             if total >= rem_total():  # locking shrank the evictable pool
-                cache.dec_lock_ref(last)
+                life.release(m.last_device_node)
                 break
-            prefix = list(m.device_indices)
-            loaded = 0
-            if m.host_hit_length > 0:
-                pages, new_last = cache.init_load_back(m.best_match_node, m.host_hit_length)
-                if pages:
-                    prefix += pages
-                    loaded = len(pages) * ps
-                last = new_last
+            prefix, last = life.load_back(m)
+            loaded = (len(prefix) - m.device_pages) * ps
             cached = len(prefix) * ps
             extend = req.fill_len - cached
             size = extend if extend <= rem_chunk else rem_chunk // ps * ps
             if size <= 0:
                 # SGLang returns OTHER here: the request stays queued (a load it started stays
                 # in the tree, pinned until its ack)
-                cache.dec_lock_ref(m.last_device_node)
+                life.release(m.last_device_node)
                 break
-            cache.inc_lock_ref(last)  # the request's own lock
-            cache.dec_lock_ref(m.last_device_node)
+            kv = life.lock(key, prefix, last)  # the request's own lock
+            life.release(m.last_device_node)
             self.waiting.popleft()
             if req.device_hit < 0:  # first admission: what the user sees as cached
                 req.device_hit = dev
                 req.host_hit = loaded
                 req.host_hit_recomputed = m.host_hit_length - loaded
                 req.admitted = self.env.now
-            req.kv = ReqKV(key=key, kv=prefix, last_node=last, protected_pages=len(prefix))
+            req.kv = kv
             req.filled = cached
             batch.append((req, size, cached))
             rem_input -= size
@@ -253,12 +274,9 @@ class Scheduler:
         """Longest prefix match first (stable). Matching every waiting request touches and may
         split nodes, as SGLang's calc_priority does. (SGLang's in-batch prefix dedup is not
         modelled.)"""
-        ps = self.p.page_size
         scored = []
         for r in self.waiting:
-            m = self.cache.match_prefix(
-                self._fill_key(r), limit=max(0, (r.fill_len - 1) // ps) * ps
-            )
+            m = self.life.match(self._fill_key(r), r.fill_len)
             scored.append((-(m.device_hit_length + m.host_hit_length), r))
         scored.sort(key=lambda x: x[0])
         self.waiting = deque(r for _, r in scored)
@@ -266,34 +284,21 @@ class Scheduler:
     def _fill_key(self, req: SimReq) -> PageKey:
         """Paged key of everything to prefill: the prompt, plus decoded tokens after a
         retraction (unique symbols, never matched)."""
-        ps = self.p.page_size
-        full = req.fill_len // ps
-        n_prompt = len(req.symbols)
-        if full <= n_prompt:
-            return req.symbols if full == n_prompt else PageKey(req.symbols[:full])
-        while len(req.out_symbols) < full - n_prompt:
-            self._uniq -= 1
-            req.out_symbols.append(self._uniq)
-        return PageKey((*req.symbols, *req.out_symbols[: full - n_prompt]))
+        return self.life.extend_key(req.prompt, req.out_symbols, req.fill_len // self.p.page_size)
 
     # -------------------------------------------------------------------------- prefill --
-    def _alloc(self, pages: int, evict_tokens: int) -> list[int] | None:
-        dev = self.cache.controller.device
-        if dev.available_size() < evict_tokens:
-            self.cache.evict(evict_tokens)
-        return dev.alloc_pages(pages)
 
     def _run_prefill(
         self, batch: list[tuple[SimReq, int, int]]
     ) -> Generator[simpy.Event, Any, None]:
-        env, cache, ps = self.env, self.cache, self.p.page_size
+        env, life, ps = self.env, self.life, self.p.page_size
         load_job = self.ctrl.launch_loads()  # ready_to_load_host_cache
         need_tokens = sum(ext for _, ext, _ in batch) + (len(batch) * ps if ps > 1 else 0)
         for req, ext, _ in batch:
             assert req.kv is not None
             need = -(-(req.filled + ext) // ps) - len(req.kv.kv)
             if need > 0:
-                pages = self._alloc(need, need_tokens)
+                pages = life.alloc(need, need_tokens)
                 if pages is None:
                     raise RuntimeError(
                         "device pool exhausted during prefill allocation: the admission budget "
@@ -305,10 +310,11 @@ class Scheduler:
         end = start + compute
         if load_job is not None:
             if load_job.end < 0:
-                done = env.event()
-                load_job.meta["waiters"].append(done)
-                yield done
-            end = max(end, _pipeline_end(start, compute, self.cost.num_layers, load_job))
+                assert load_job.done is not None
+                yield load_job.done
+            layers = self.cost.num_layers
+            piped = layer_pipeline_end(start, compute, layers, load_job.start, load_job.end)
+            end = max(end, float(piped))
         if end > env.now:
             yield env.timeout(end - env.now)
         self.spans.append(("prefill", start, end, len(batch)))
@@ -322,7 +328,7 @@ class Scheduler:
             full = req.filled // ps
             if req.filled < req.fill_len:  # an intermediate chunk
                 req.kv.key = PageKey(self._fill_key(req)[:full])
-                cache_unfinished_req(cache, req.kv, chunked=True)
+                life.after_prefill(req.kv, chunked=True)
                 continue
             req.kv_tokens = req.filled
             if req.first_token < 0:
@@ -334,7 +340,7 @@ class Scheduler:
                 self._finish(req)
                 continue
             req.kv.key = self._fill_key(req)
-            cache_unfinished_req(cache, req.kv)
+            life.after_prefill(req.kv)
             self.running.append(req)
 
     # --------------------------------------------------------------------------- decode --
@@ -396,7 +402,7 @@ class Scheduler:
         victim = min(run, key=lambda r: (r.decoded, -r.input_length))
         run.remove(victim)
         assert victim.kv is not None
-        cache_finished_req(self.cache, victim.kv, insert=False)
+        self.life.abort(victim.kv)
         victim.kv = None
         victim.retractions += 1
         victim.fill_len = victim.input_length + victim.decoded
@@ -405,24 +411,9 @@ class Scheduler:
         self.new_token_ratio = self.init_ratio
 
     def _finish(self, req: SimReq) -> None:
-        cache, ps = self.cache, self.p.page_size
         assert req.kv is not None
         req.finish = self.env.now
         # the KV of prompt + outputs but the last token (SGLang's kv_committed_len)
-        if self.p.outputs == "cache":
-            req.fill_len = req.kv_tokens
-            req.kv.key = self._fill_key(req)
-            n = req.kv_tokens // ps
-        else:
-            req.kv.key = req.symbols
-            n = len(req.symbols)
-        cache_finished_req(cache, req.kv, insert_pages=n)
+        self.life.finish(req.kv, req.prompt, req.out_symbols, req.kv_tokens)
         req.kv = None
         self.on_finish(req)
-
-
-def _pipeline_end(start: float, compute: float, layers: int, job: Any) -> float:
-    """End of a prefill whose layer i computes after its load and after layer i-1."""
-    from hicache.latency import layer_pipeline_end
-
-    return float(layer_pipeline_end(start, compute, layers, job.start, job.end))

@@ -9,9 +9,13 @@ from typing import Any
 
 import pytest
 
+from hicache.latency import LinkParams
+from hicache.lifecycle import PagedRequest
 from hicache.policy import PageKey
-from sim.engine import Costs, Engine, count_runs
-from sim.hitrate import HitRateConfig, ReplayRequest, replay
+from sim.costs import Costs, count_runs
+from sim.engine import Engine
+from sim.hitrate import HitRateConfig, replay
+from sim.metrics import RequestRow
 from sim.scheduler import SchedulerParams, SimReq
 from traces.io import read_trace
 from traces.keys import page_symbols
@@ -26,14 +30,20 @@ def costs(
     load_s_per_page: float = 1e-3,
     layers: int = 4,
 ) -> Costs:
+    # pages of 1,000 bytes: a bandwidth of 1,000 / s_per_page bytes/s, no fixed or per-run cost
     return Costs(
         num_layers=layers,
         bytes_per_page=1000,
+        d2h=LinkParams(alpha_s=0.0, beta_Bps=1000 / write_s_per_page),
+        h2d=LinkParams(alpha_s=0.0, beta_Bps=1000 / load_s_per_page),
         prefill_fn=lambda reqs: prefill_per_token * sum(n for n, _ in reqs),
         decode_fn=lambda bs, kv: decode_step,
-        write_fn=lambda nbytes, runs: write_s_per_page * nbytes / 1000,
-        load_fn=lambda nbytes, runs: load_s_per_page * nbytes / 1000,
     )
+
+
+def SR(rid: int, arrival: float, prompt: int, outputs: int, symbols: PageKey) -> SimReq:
+    """The scheduler state of a hand-made request."""
+    return SimReq(PagedRequest(symbols, prompt, outputs, rid=rid, arrival_s=arrival))
 
 
 def sim_reqs(trace: Any, page_size: int, spacing_s: float | None = None) -> list[SimReq]:
@@ -41,10 +51,18 @@ def sim_reqs(trace: Any, page_size: int, spacing_s: float | None = None) -> list
     for i, r in enumerate(trace):
         arrival = i * spacing_s if spacing_s is not None else r.timestamp / 1000
         out.append(
-            SimReq(i, arrival, r.input_length, max(1, r.output_length),
-                   PageKey(page_symbols(r, page_size, trace.block_size)))
+            SR(i, arrival, r.input_length, max(1, r.output_length),
+               PageKey(page_symbols(r, page_size, trace.block_size)))
         )  # fmt: skip
     return out
+
+
+def by_rid(e: Engine) -> dict[int, RequestRow]:
+    return {r.rid: r for r in e.recorder.requests}
+
+
+def ttft(row: RequestRow) -> float:
+    return row.first_token_s - row.arrival_s
 
 
 def engine(reqs: list[SimReq], **kw: Any) -> Engine:
@@ -60,7 +78,11 @@ def engine(reqs: list[SimReq], **kw: Any) -> Engine:
 
 def hit_rates(e: Engine) -> tuple[int, int, int]:
     rows = e.recorder.requests
-    return (sum(r[11] for r in rows), sum(r[13] for r in rows), sum(r[14] for r in rows))
+    return (
+        sum(r.prompt_tokens for r in rows),
+        sum(r.device_hit_tokens for r in rows),
+        sum(r.host_hit_tokens for r in rows),
+    )
 
 
 @pytest.mark.parametrize("write_policy", ["write_through", "write_through_selective", "write_back"])
@@ -72,7 +94,7 @@ def test_hit_rates_equal_cache_only_replay_when_requests_never_overlap(write_pol
     e.run()
     prompt, dev_hit, host_hit = hit_rates(e)
     reqs = [
-        ReplayRequest(PageKey(page_symbols(r, ps, 512)), r.input_length, r.output_length)
+        PagedRequest(PageKey(page_symbols(r, ps, 512)), r.input_length, r.output_length)
         for r in trace
     ]
     ref = replay(reqs, HitRateConfig(dev, host, ps, "lru", write_policy))
@@ -126,13 +148,13 @@ def test_determinism() -> None:
 
 def test_single_request_timeline_closed_form() -> None:
     # 100-token prompt, 5 outputs: prefill 100 * 1e-4 = 10 ms; 4 decode steps of 10 ms
-    req = SimReq(0, 1.0, 100, 5, PageKey(tuple(range(100))))
+    req = SR(0, 1.0, 100, 5, PageKey(tuple(range(100))))
     e = engine([req], page_size=1)
     e.run()
     (row,) = e.recorder.requests
-    assert row[3] == pytest.approx(1.0 + 0.01)  # first token
-    assert row[4] == pytest.approx(1.0 + 0.01 + 4 * 0.01)  # finish
-    assert row[5] == pytest.approx(0.01)  # ttft
+    assert row.first_token_s == pytest.approx(1.0 + 0.01)
+    assert row.finish_s == pytest.approx(1.0 + 0.01 + 4 * 0.01)
+    assert ttft(row) == pytest.approx(0.01)
 
 
 def test_layer_pipeline_by_hand() -> None:
@@ -141,21 +163,20 @@ def test_layer_pipeline_by_hand() -> None:
     36 * 1e-4 = 3.6 ms (0.9 ms per layer): the last layer ends 0.9 ms after the load ends."""
     a = list(range(64))
     reqs = [
-        SimReq(0, 0.0, 64, 1, PageKey(tuple(a))),
-        SimReq(1, 0.5, 150, 1, PageKey(tuple(range(1000, 1150)))),  # pushes A to host
-        SimReq(2, 1.0, 100, 1, PageKey((*a, *range(2000, 2036)))),
+        SR(0, 0.0, 64, 1, PageKey(tuple(a))),
+        SR(1, 0.5, 150, 1, PageKey(tuple(range(1000, 1150)))),  # pushes A to host
+        SR(2, 1.0, 100, 1, PageKey((*a, *range(2000, 2036)))),
     ]
     e = engine(reqs, page_size=1, device_tokens=200, host_tokens=800,
                costs=costs(load_s_per_page=2e-3))  # fmt: skip
     e.run()
-    rows = {r[0]: r for r in e.recorder.requests}
-    b = rows[2]
-    assert b[14] == 64  # host hit loaded
-    (load,) = [t for t in e.recorder.transfers if t[0] == "h2d"]
-    assert load[7] - load[6] == pytest.approx(64 * 2e-3)
+    b = by_rid(e)[2]
+    assert b.host_hit_tokens == 64  # host hit loaded
+    (load,) = [t for t in e.recorder.transfers if t.direction == "h2d"]
+    assert load.end_s - load.start_s == pytest.approx(64 * 2e-3)
     # the load starts at the batch start; the pipeline ends one layer of compute after it
-    assert b[3] == pytest.approx(load[7] + 36 * 1e-4 / 4)
-    assert b[10] == pytest.approx(b[3] - 1.0 - 36 * 1e-4)  # load stall recorded
+    assert b.first_token_s == pytest.approx(load.end_s + 36 * 1e-4 / 4)
+    assert b.load_stall_s == pytest.approx(b.first_token_s - 1.0 - 36 * 1e-4)
 
 
 def test_write_back_eviction_stalls_the_scheduler() -> None:
@@ -164,25 +185,24 @@ def test_write_back_eviction_stalls_the_scheduler() -> None:
     stalls = {}
     for wp in ("write_back", "write_through"):
         reqs = [
-            SimReq(0, 0.0, 100, 1, PageKey(tuple(range(100)))),
-            SimReq(1, 1.0, 100, 1, PageKey(tuple(range(500, 600)))),
+            SR(0, 0.0, 100, 1, PageKey(tuple(range(100)))),
+            SR(1, 1.0, 100, 1, PageKey(tuple(range(500, 600)))),
         ]
         e = engine(reqs, page_size=1, device_tokens=128, host_tokens=512, write_policy=wp,
                    costs=costs(write_s_per_page=5e-3))  # fmt: skip
         e.run()
-        rows = {r[0]: r for r in e.recorder.requests}
-        stalls[wp] = rows[1][5]
+        stalls[wp] = ttft(by_rid(e)[1])
     assert stalls["write_back"] == pytest.approx(0.5 + 100 * 1e-4)
     assert stalls["write_through"] == pytest.approx(100 * 1e-4)  # written long before
 
 
 def test_retraction_when_decode_runs_out_of_memory() -> None:
     # four requests admitted together; their outputs cannot all fit the device pool
-    reqs = [SimReq(i, 0.0, 40, 60, PageKey(tuple(range(100 * i, 100 * i + 40)))) for i in range(4)]
+    reqs = [SR(i, 0.0, 40, 60, PageKey(tuple(range(100 * i, 100 * i + 40)))) for i in range(4)]
     e = engine(reqs, page_size=1, device_tokens=260, host_tokens=1024,
                sched=SchedulerParams(page_size=1, init_new_token_ratio=0.01))  # fmt: skip
     e.run()
-    assert sum(r[17] for r in e.recorder.requests) > 0  # someone was retracted
+    assert sum(r.retractions for r in e.recorder.requests) > 0  # someone was retracted
     assert len(e.recorder.requests) == 4  # and everyone still finished
 
 
@@ -194,13 +214,13 @@ def test_count_runs() -> None:
 
 
 def test_chunked_prefill_splits_a_long_prompt() -> None:
-    req = SimReq(0, 0.0, 200, 2, PageKey(tuple(range(200))))
+    req = SR(0, 0.0, 200, 2, PageKey(tuple(range(200))))
     e = engine([req], page_size=16, sched=SchedulerParams(page_size=16, chunked_prefill_size=64))
     e.run()
     prefills = [s for s in e.sched.spans if s[0] == "prefill"]
     assert len(prefills) == 4  # 64 + 64 + 64 + 8
     (row,) = e.recorder.requests
-    assert row[16] == 200 and row[5] == pytest.approx(200 * 1e-4)
+    assert row.computed_tokens == 200 and ttft(row) == pytest.approx(200 * 1e-4)
     # intermediate chunks count no hits and issue no write-through; the post-prefill insert
     # and the finish insert do
     assert e.ctrl.write_ops >= 1
@@ -210,13 +230,13 @@ def test_chunked_prefill_splits_a_long_prompt() -> None:
 def test_lpm_admits_the_longest_cached_prefix_first() -> None:
     shared = tuple(range(300))
     reqs = [
-        SimReq(0, 0.0, 300, 1, PageKey(shared)),
-        SimReq(1, 5.0, 300, 1, PageKey(tuple(range(5000, 5300)))),  # no prefix, arrives first
-        SimReq(2, 5.0, 316, 1, PageKey((*shared, *range(9000, 9016)))),
+        SR(0, 0.0, 300, 1, PageKey(shared)),
+        SR(1, 5.0, 300, 1, PageKey(tuple(range(5000, 5300)))),  # no prefix, arrives first
+        SR(2, 5.0, 316, 1, PageKey((*shared, *range(9000, 9016)))),
     ]
     order = {}
     for policy in ("fcfs", "lpm"):
-        fresh = [SimReq(r.rid, r.arrival, r.input_length, 1, r.symbols) for r in reqs]
+        fresh = [SimReq(r.req) for r in reqs]
         e = engine(
             fresh,
             page_size=16,
@@ -225,6 +245,6 @@ def test_lpm_admits_the_longest_cached_prefix_first() -> None:
             ),
         )
         e.run()
-        rows = {r[0]: r for r in e.recorder.requests}
-        order[policy] = sorted((1, 2), key=lambda rid: rows[rid][3])
+        rows = by_rid(e)
+        order[policy] = sorted((1, 2), key=lambda rid: rows[rid].first_token_s)
     assert order == {"fcfs": [1, 2], "lpm": [2, 1]}
