@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from cli.main import main
-from sim.hitrate import HitRateConfig, ReplayRequest, replay, requests_for
+from hicache.lifecycle import PagedRequest
+from sim.hitrate import HitRateConfig, replay, requests_for
 from traces.io import read_trace
 from traces.stats import infinite_capacity_hit_rate
 
@@ -17,8 +18,8 @@ SYNTH = sorted((DATA / "synthetic").glob("*.jsonl"))
 MOONCAKE_SYNTH = DATA / "mooncake" / "synthetic_trace.jsonl"
 
 
-def R(symbols: list[int], output: int = 0) -> ReplayRequest:
-    return ReplayRequest(symbols, len(symbols), output)
+def R(symbols: list[int], output: int = 0) -> PagedRequest:
+    return PagedRequest(symbols, len(symbols), output)
 
 
 def test_hand_computed_device_only() -> None:

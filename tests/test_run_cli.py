@@ -12,7 +12,7 @@ import pytest
 from cli.main import main
 from hicache.config import load_config
 from hicache.latency import load_profile
-from sim.engine import build_costs
+from sim.costs import build_costs
 
 DATA = Path(__file__).resolve().parent.parent / "traces" / "data"
 TRACE = DATA / "synthetic" / "multiturn.jsonl"
@@ -67,10 +67,10 @@ def test_copy_costs_are_the_profile_closed_form() -> None:
     d2h, h2d = prof.link("direct", "d2h"), prof.link("direct", "h2d")
     layers = costs.num_layers
     nbytes = 64 * 131072 * 10
-    assert costs.write_fn(nbytes, 1) == pytest.approx(
+    assert costs.op_time("write", nbytes, 1) == pytest.approx(
         d2h.alpha_s + layers * d2h.gamma_s + nbytes / d2h.beta_Bps
     )
-    assert costs.load_fn(nbytes, 3) == pytest.approx(
+    assert costs.op_time("load", nbytes, 3) == pytest.approx(
         layers * h2d.alpha_s + 3 * layers * h2d.gamma_s + nbytes / h2d.beta_Bps
     )
     assert costs.bytes_per_page == 64 * 131072

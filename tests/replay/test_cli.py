@@ -95,12 +95,12 @@ def test_calibrate_then_run_with_the_profile(
     assert int(load_profile(prof2, "h100-sxm", "pcie5-x16").provenance["replay_ops"]) > 0
     # `hicache-sim run --profile` reads it: the engine's costs use the calibrated constants
     from hicache.config import load_config
-    from sim.engine import build_costs
+    from sim.costs import build_costs
 
     cfg = load_config(None, [f"run.profile={prof}"])
     costs = build_costs(cfg)
     link = p.link("kernel", "d2h")
-    assert costs.write_fn(1 << 20, 1) == pytest.approx(
+    assert costs.op_time("write", 1 << 20, 1) == pytest.approx(
         link.alpha_s + 32 * link.gamma_s + (1 << 20) / link.beta_Bps
     )
     assert "prediction" in capsys.readouterr().out
