@@ -1,0 +1,115 @@
+"""Reports: one self-contained HTML file (and optionally a PDF) from runs and sweeps.
+
+``build_report(dirs, out)`` reads run directories (``summary.json``, ``config.json``, the
+Parquet tables of :mod:`sim.metrics`) and sweep directories (``results.parquet`` + job run
+directories, :mod:`studies.sweep`) and writes:
+
+- figures, inline as SVG, each with the numbers it shows beside it and, for tools and tests,
+  the exact plotted data as JSON (``<script type="application/json" class="figure-data"
+  data-figure="ID">``): hit rate vs capacity (device and host parts stacked), TTFT CDF, TTFT
+  p50/p90/p99 vs capacity (or request rate), the TTFT breakdown (queueing / load stall /
+  prefill compute / other), HBM and host occupancy over time, PCIe busy fraction and
+  throughput per direction over time, and tokens written to vs loaded back from the host;
+- a comparison table with the best value of each metric highlighted;
+- the configurations: what all runs share, what differs, each run's ``config.json`` and each
+  sweep's grid file and failed jobs.
+
+Runs are grouped automatically: the config keys whose values differ between runs label them.
+Keys that size the pools (device tokens, host ratio/size) form the capacity axis; the others
+(write policy, eviction, ...) form the series ("policy"). When only the request rate varies,
+the rate is the x axis instead.
+
+Output is deterministic: inputs are sorted, there are no timestamps, matplotlib's SVG ids use
+a fixed salt and its date metadata is left out, so the same inputs give byte-identical files.
+Matplotlib is used through the object-oriented API on the Agg canvas only.
+
+The package, by job: :mod:`~studies.report.load` (runs, sweeps, labels),
+:mod:`~studies.report.derive` (metrics and the comparison table),
+:mod:`~studies.report.figures` and :mod:`~studies.report.figures_traffic` (the figures, on
+:mod:`~studies.report.canvas`), :mod:`~studies.report.html` (the document),
+:mod:`~studies.report.pdf`, and :mod:`~studies.report.png` (the stand-alone hit-rate plot).
+Nothing here imports pandas or matplotlib until it is used.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hicache.fsutil import write_text_atomic
+from studies.report.canvas import ReportFigure
+from studies.report.derive import (
+    BREAKDOWN_PARTS,
+    CDF_POINTS,
+    COMPARISON,
+    MAX_TIMELINE_RUNS,
+    PCIE_BINS,
+    TIME_POINTS,
+    best_cells,
+    comparison_table,
+    occupancy,
+    pcie,
+    timeline_runs,
+    ttft_breakdown,
+    write_traffic,
+)
+from studies.report.figures import FIGURES, MAX_CDF_PANELS, report_figures
+from studies.report.html import render_html
+from studies.report.load import (
+    CAPACITY_KEYS,
+    HOST_ONLY_KEYS,
+    RATE_KEYS,
+    ReportData,
+    Run,
+    Sweep,
+    describe_runs,
+    load_runs,
+)
+from studies.report.pdf import write_pdf
+from studies.report.png import plot_hitrate
+
+
+def build_report(dirs: list[Path], out: Path, pdf: bool = False) -> Path:
+    """Write the HTML report of ``dirs`` (run and/or sweep directories) to ``out`` and, with
+    ``pdf``, the same figures as ``out`` with suffix ``.pdf``. Returns ``out``. Same inputs
+    give byte-identical files. Raises ``ValueError`` (one line) for unusable inputs."""
+    data = load_runs(dirs)
+    names = [s.name for s in data.sweeps]
+    title = "hicache-sim report" + (f": {', '.join(names)}" if names else "")
+    figures = report_figures(data)
+    write_text_atomic(render_html(data, figures, title), out)
+    if pdf:
+        write_pdf(data, figures, title, out.with_suffix(".pdf"))
+    return out
+
+
+__all__ = [
+    "BREAKDOWN_PARTS",
+    "CAPACITY_KEYS",
+    "CDF_POINTS",
+    "COMPARISON",
+    "FIGURES",
+    "HOST_ONLY_KEYS",
+    "MAX_CDF_PANELS",
+    "MAX_TIMELINE_RUNS",
+    "PCIE_BINS",
+    "RATE_KEYS",
+    "TIME_POINTS",
+    "ReportData",
+    "ReportFigure",
+    "Run",
+    "Sweep",
+    "best_cells",
+    "build_report",
+    "comparison_table",
+    "describe_runs",
+    "load_runs",
+    "occupancy",
+    "pcie",
+    "plot_hitrate",
+    "render_html",
+    "report_figures",
+    "timeline_runs",
+    "ttft_breakdown",
+    "write_pdf",
+    "write_traffic",
+]

@@ -1,0 +1,268 @@
+"""Derived metrics of runs: TTFT quantiles and breakdown, pool occupancy and PCIe traffic over
+time, write traffic, and the comparison table with its best cells."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from studies.report.fmt import integer, ms, num, pct, sig
+from studies.report.load import ReportData, Run
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+#: Runs drawn in the per-run time-series figures (more would be unreadable).
+MAX_TIMELINE_RUNS = 6
+CDF_POINTS = 200
+TIME_POINTS = 200  # occupancy bins
+PCIE_BINS = 120
+
+
+def quantile_grid() -> list[float]:
+    """The probabilities k/CDF_POINTS, k = 1..CDF_POINTS, of :func:`ttft_quantiles`."""
+    return [k / CDF_POINTS for k in range(1, CDF_POINTS + 1)]
+
+
+def ttft_quantiles(run: Run) -> list[float]:
+    """TTFT at probabilities k/CDF_POINTS (k = 1..CDF_POINTS) over finished requests,
+    nearest rank (numpy ``inverted_cdf``): every point is a measured TTFT."""
+    import numpy as np
+
+    ttft = run.finished()["ttft_s"].dropna().to_numpy(dtype=float)
+    if not len(ttft):
+        return []
+    q = np.quantile(ttft, quantile_grid(), method="inverted_cdf")
+    return [sig(float(v)) or 0.0 for v in q]
+
+
+def pick(values: Sequence[Any], n: int) -> list[Any]:
+    """At most ``n`` of ``values``, evenly spread, first and last kept."""
+    if len(values) <= n:
+        return list(values)
+    idx = sorted({round(i * (len(values) - 1) / (n - 1)) for i in range(n)})
+    return [values[i] for i in idx]
+
+
+BREAKDOWN_PARTS = ("queueing", "load stall", "prefill compute", "other")
+
+
+def ttft_breakdown(run: Run) -> dict[str, float]:
+    """Mean seconds per finished request: queueing (arrival to admission), load stall
+    (waiting for host->device loads), prefill compute, and other (the rest of the TTFT:
+    waiting between prefill chunks and for batch slots); plus the mean TTFT."""
+    req = run.finished()
+    if not len(req):
+        return {p: math.nan for p in (*BREAKDOWN_PARTS, "ttft")}
+    q, stall, pre, ttft = (
+        float(req[c].mean()) for c in ("queue_s", "load_stall_s", "prefill_s", "ttft_s")
+    )
+    return {
+        "queueing": q,
+        "load stall": stall,
+        "prefill compute": pre,
+        "other": max(0.0, ttft - q - stall - pre),
+        "ttft": ttft,
+    }
+
+
+def timeline_runs(data: ReportData) -> list[Run]:
+    """The runs drawn over time: all if few; else one per series (at that series' median
+    capacity or rate), at most MAX_TIMELINE_RUNS."""
+    if len(data.runs) <= MAX_TIMELINE_RUNS:
+        return list(data.runs)
+    picked = []
+    for s in data.series_order()[:MAX_TIMELINE_RUNS]:
+        members = sorted((r for r in data.runs if r.series == s), key=data.x_value)
+        picked.append(members[(len(members) - 1) // 2])
+    return picked
+
+
+def _edges(run: Run, bins: int) -> Any:
+    """``bins + 1`` equal bin edges over the simulated time (one empty bin if it is 0)."""
+    import numpy as np
+
+    end = float(run.summary["sim_duration_s"])
+    return np.linspace(0.0, end, bins + 1) if end > 0 else np.zeros(2)
+
+
+def occupancy(run: Run, bins: int = TIME_POINTS) -> dict[str, list[float | None]]:
+    """Pool occupancy, time-averaged over ``bins`` equal bins of the simulated time (bin
+    start ``t_s``, width ``width_s``). The timeline is a step function: each sample holds
+    until the next (the last one to the end), nothing is used before the first. HBM parts are
+    fractions of the device pool, host use a fraction of the host pool ([] without one).
+    Averages, not point samples: a fast-changing pool does not alias into spikes."""
+    import numpy as np
+
+    tl = run.table("timeline")
+    edges = _edges(run, bins)
+    width = np.diff(edges)
+    t = tl["t_s"].to_numpy(dtype=float)
+    # integral of the step function from 0 to each edge: the whole segments before the edge
+    # (cumulative) plus the part of the segment the edge falls in
+    idx = np.searchsorted(t, edges, side="right") - 1
+    dt = np.diff(t, append=t[-1] if len(t) else 0.0)
+
+    def mean_per_bin(col: str) -> Any:
+        v = tl[col].to_numpy(dtype=float)
+        before = np.concatenate(([0.0], np.cumsum(v * dt)))
+        k = np.maximum(idx, 0)
+        area = np.where(idx >= 0, before[k] + v[k] * (edges - t[k]) if len(t) else 0.0, 0.0)
+        return np.diff(area) / np.where(width > 0, width, 1.0)
+
+    dev = float(run.device_tokens)
+    host = float(run.host_tokens)
+    out: dict[str, list[float | None]] = {
+        "t_s": [sig(float(x)) for x in edges[:-1]],
+        "width_s": [sig(float(w)) for w in width],
+    }
+    for key, col in (
+        ("requests", "device_request_tokens"),
+        ("locked", "device_protected_tokens"),
+        ("evictable", "device_evictable_tokens"),
+    ):
+        out[key] = [sig(float(v) / dev) for v in mean_per_bin(col)]
+    out["host"] = [sig(float(v) / host) for v in mean_per_bin("host_used_tokens")] if host else []
+    return out
+
+
+def _used(s: Mapping[str, Any]) -> list[float]:
+    return [
+        sum(s[k][i] or 0.0 for k in ("requests", "locked", "evictable"))
+        for i in range(len(s["t_s"]))
+    ]
+
+
+def mean_used(s: Mapping[str, Any]) -> float:
+    """Mean HBM pool use (all parts) of an :func:`occupancy` result; NaN without bins."""
+    u = _used(s)
+    return sum(u) / len(u) if u else math.nan
+
+
+def peak_used(s: Mapping[str, Any]) -> float:
+    """Peak HBM pool use (all parts, bin averages) of an :func:`occupancy` result."""
+    return max(_used(s), default=math.nan)
+
+
+def pcie(run: Run, bins: int = PCIE_BINS) -> dict[str, list[float | None]]:
+    """Per direction, over ``bins`` equal time bins of the simulated time: the busy fraction
+    (time a copy was in service / bin width) and throughput (GB/s, 1 GB = 1e9 B; a copy's
+    bytes spread evenly over its service time, all at once if it took no time)."""
+    import numpy as np
+
+    tr = run.table("transfers")
+    edges = _edges(run, bins)
+    width = np.diff(edges)
+    out: dict[str, list[float | None]] = {
+        "t_s": [sig(float(t)) for t in edges[:-1]],
+        "width_s": [sig(float(w)) for w in width],
+    }
+    for d in ("d2h", "h2d"):
+        sel = tr[tr["direction"] == d]
+        start = sel["start_s"].to_numpy(dtype=float)
+        dur = sel["end_s"].to_numpy(dtype=float) - start
+        nbytes = sel["bytes"].to_numpy(dtype=float)
+        busy = np.zeros(len(edges))
+        moved = np.zeros(len(edges))
+        for lo in range(0, len(start), 4096):  # bounded memory: edges x 4096 at a time
+            s, du, b = start[lo : lo + 4096], dur[lo : lo + 4096], nbytes[lo : lo + 4096]
+            elapsed = np.clip(edges[:, None] - s[None, :], 0.0, du[None, :])
+            busy += elapsed.sum(axis=1)
+            frac = np.where(
+                du[None, :] > 0,
+                elapsed / np.where(du > 0, du, 1.0)[None, :],
+                (edges[:, None] >= s[None, :]).astype(float),
+            )
+            moved += (frac * b[None, :]).sum(axis=1)
+        safe = np.where(width > 0, width, 1.0)
+        out[f"{d}_busy"] = [sig(float(v)) for v in np.diff(busy) / safe]
+        out[f"{d}_gb_s"] = [sig(float(v)) for v in np.diff(moved) / safe / 1e9]
+    return out
+
+
+def pcie_totals(run: Run) -> dict[str, float]:
+    """Per direction over the whole run: the busy fraction of the link (``d2h_busy``; NaN
+    when the run took no simulated time) and the gigabytes moved (``d2h_gb``)."""
+    tr = run.table("transfers")
+    end = float(run.summary["sim_duration_s"])
+    out: dict[str, float] = {}
+    for d in ("d2h", "h2d"):
+        sel = tr[tr["direction"] == d]
+        busy = float((sel["end_s"] - sel["start_s"]).sum())
+        out[f"{d}_busy"] = busy / end if end > 0 else math.nan
+        out[f"{d}_gb"] = float(sel["bytes"].sum()) / 1e9
+    return out
+
+
+def write_traffic(run: Run) -> dict[str, Any]:
+    """Tokens copied to the host (D2H pages x page size), loaded back (H2D), the write
+    amplification (written / loaded; None when nothing was loaded) and the excess writes
+    (written - loaded: a lower bound on copies that were never read back)."""
+    tr = run.table("transfers")
+    written = int(tr.loc[tr["direction"] == "d2h", "pages"].sum()) * run.page_size
+    loaded = int(tr.loc[tr["direction"] == "h2d", "pages"].sum()) * run.page_size
+    return {
+        "tokens_written": written,
+        "tokens_loaded": loaded,
+        "write_amplification": written / loaded if loaded else None,
+        "excess_writes": max(0, written - loaded),
+    }
+
+
+#: Comparison columns: (title, summary/derived key, formatter, best is "max" | "min" | None).
+COMPARISON: tuple[tuple[str, str, Callable[[Any], str], str | None], ...] = (
+    ("HBM pool [tokens]", "device_tokens", integer, None),
+    ("host pool [tokens]", "host_tokens", integer, None),
+    ("hit rate", "hit_rate", pct, "max"),
+    ("device hits", "device_hit_rate", pct, "max"),
+    ("host hits", "host_hit_rate", pct, "max"),
+    ("TTFT mean [ms]", "ttft_mean_s", ms, "min"),
+    ("TTFT p50 [ms]", "ttft_p50_s", ms, "min"),
+    ("TTFT p90 [ms]", "ttft_p90_s", ms, "min"),
+    ("TTFT p99 [ms]", "ttft_p99_s", ms, "min"),
+    ("TPOT mean [ms]", "tpot_mean_s", ms, "min"),
+    ("E2E mean [s]", "e2e_mean_s", num, "min"),
+    ("queueing mean [ms]", "queue_mean_s", ms, "min"),
+    ("output [tok/s]", "throughput_output_tok_s", lambda x: num(x, 0), "max"),
+    ("D2H [GB]", "gb_d2h", num, None),
+    ("H2D [GB]", "gb_h2d", num, None),
+    ("written / loaded", "write_amplification", num, "min"),
+    ("retractions", "retractions", integer, "min"),
+    ("rejected", "rejected_requests", integer, "min"),
+)
+
+
+def comparison_table(data: ReportData) -> pd.DataFrame:
+    """One row per run (index: its label), the raw numbers of :data:`COMPARISON`."""
+    import pandas as pd
+
+    rows = []
+    for r in data.runs:
+        s = r.summary
+        row: dict[str, Any] = {"device_tokens": r.device_tokens, "host_tokens": r.host_tokens}
+        row.update({k: s.get(k) for _, k, _, _ in COMPARISON if k in s})
+        row["gb_d2h"] = s["bytes_d2h"] / 1e9
+        row["gb_h2d"] = s["bytes_h2d"] / 1e9
+        row["write_amplification"] = write_traffic(r)["write_amplification"]
+        rows.append(row)
+    return pd.DataFrame(
+        rows, index=[r.label for r in data.runs], columns=[k for _, k, _, _ in COMPARISON]
+    )
+
+
+def best_cells(table: pd.DataFrame) -> dict[str, set[str]]:
+    """For each metric with a direction, the run labels holding its best value (ties all
+    count); nothing when there is only one run."""
+    out: dict[str, set[str]] = {}
+    if len(table) < 2:
+        return out
+    for _, key, _, how in COMPARISON:
+        if how is None:
+            continue
+        col = table[key].astype(float)
+        col = col[col.notna()]
+        if len(col) and col.nunique() > 1:
+            target = col.max() if how == "max" else col.min()
+            out[key] = {str(i) for i in col.index[col == target]}
+    return out

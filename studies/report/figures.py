@@ -1,0 +1,381 @@
+"""The report's figures of hit rate and TTFT (the pool and traffic figures are in
+:mod:`studies.report.figures_traffic`), and :func:`report_figures`, all of them in order.
+
+Each ``fig_*`` function takes the :class:`~studies.report.load.ReportData` and returns a
+:class:`~studies.report.canvas.ReportFigure`: the figure, the exact data it plots and the
+numbers shown beside it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from studies.report.canvas import RC, ReportFigure, frame, new_figure, series_colors, series_legend
+from studies.report.derive import (
+    BREAKDOWN_PARTS,
+    pick,
+    quantile_grid,
+    ttft_breakdown,
+    ttft_quantiles,
+)
+from studies.report.figures_traffic import fig_occupancy, fig_pcie, fig_writes
+from studies.report.fmt import capacity_text, ms, pct, sig, tokens
+from studies.report.load import ReportData
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+#: Panels of the TTFT CDF figure (one per capacity or rate).
+MAX_CDF_PANELS = 6
+_PART_COLORS = {
+    "queueing": "#9e9e9e",
+    "load stall": "#e31a1c",
+    "prefill compute": "#1f78b4",
+    "other": "#cab2d6",
+}
+
+
+# --- hit rate --------------------------------------------------------------------------------
+
+
+def _hitrate_rows(data: ReportData, groups: Sequence[tuple[int, int]]) -> list[dict[str, Any]]:
+    """One row per run, grouped by capacity (``groups`` order), with its hit rates."""
+    rows: list[dict[str, Any]] = []
+    for cap in groups:
+        for run in data.runs:
+            if run.capacity == cap:
+                s = run.summary
+                rows.append(
+                    {
+                        "run": run.label,
+                        "dir": run.shown,
+                        "series": run.series,
+                        "device_tokens": cap[0],
+                        "host_tokens": cap[1],
+                        "device_hit_rate": s["device_hit_rate"],
+                        "host_hit_rate": s["host_hit_rate"],
+                        "hit_rate": s["hit_rate"],
+                    }
+                )
+    return rows
+
+
+def _hitrate_bars(
+    ax: Axes, data: ReportData, groups: Sequence[tuple[int, int]], rows: list[dict[str, Any]]
+) -> None:
+    """Per capacity group, a bar per run: device part solid, host part hatched on top."""
+    colors = series_colors(data)
+    per_group = max(
+        sum(1 for r in rows if (r["device_tokens"], r["host_tokens"]) == g) for g in groups
+    )
+    width = 0.8 / per_group
+    for gi, cap in enumerate(groups):
+        members = [r for r in rows if (r["device_tokens"], r["host_tokens"]) == cap]
+        for j, r in enumerate(members):
+            x = gi + (j - (len(members) - 1) / 2) * width
+            c = colors[r["series"]]
+            ax.bar(x, r["device_hit_rate"], width * 0.9, color=c, edgecolor=c)
+            ax.bar(
+                x,
+                r["host_hit_rate"],
+                width * 0.9,
+                bottom=r["device_hit_rate"],
+                color=c,
+                alpha=0.45,
+                hatch="//",
+                edgecolor=c,
+            )
+
+
+def fig_hitrate(data: ReportData) -> ReportFigure:
+    """Hit rate vs KV capacity: one bar per run, grouped by capacity, coloured by series;
+    the device (HBM) part solid, the host (DRAM) part hatched on top."""
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import PercentFormatter
+
+    groups = sorted({r.capacity for r in data.runs}, key=lambda c: (c[0] + c[1], c[0]))
+    rows = _hitrate_rows(data, groups)
+    fig = new_figure(max(7.0, min(14.0, 2.0 + 0.35 * len(rows))), 4.6)
+    ax = fig.add_subplot(1, 1, 1)
+    _hitrate_bars(ax, data, groups, rows)
+    ax.set_xticks(range(len(groups)), [capacity_text(g).replace(" + ", "\n+ ") for g in groups])
+    ax.set_xlabel("KV capacity: device (HBM) + host (DRAM) pool [tokens]")
+    ax.set_ylabel("prompt tokens served from cache [%]")
+    ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+    top = max((r["hit_rate"] for r in rows), default=1.0)
+    ax.set_ylim(0, min(1.0, top * 1.15 + 0.02))
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.set_title("Hit rate vs capacity")
+    parts = [
+        Patch(facecolor="#777777", label="device (HBM) hits"),
+        Patch(facecolor="#bbbbbb", hatch="//", edgecolor="#777777", label="host (DRAM) hits"),
+    ]
+    series_legend(fig, data, parts)
+    numbers = frame(
+        [
+            {
+                "run": r["run"],
+                "capacity": capacity_text((r["device_tokens"], r["host_tokens"])),
+                "device": pct(r["device_hit_rate"]),
+                "host": pct(r["host_hit_rate"]),
+                "total": pct(r["hit_rate"]),
+            }
+            for r in rows
+        ],
+        ["run", "capacity", "device", "host", "total"],
+    )
+    return ReportFigure(
+        "fig-hitrate",
+        "Hit rate vs capacity",
+        "Share of prompt tokens served from the cache instead of recomputed, per run: the "
+        "device (HBM) part solid, the host (DRAM) part hatched on top. Bars are grouped by the "
+        "KV capacity of the run (device pool + host pool, in tokens).",
+        fig,
+        {"rows": rows},
+        numbers,
+    )
+
+
+# --- TTFT ------------------------------------------------------------------------------------
+
+
+def _cdf_lines(data: ReportData, panels: Sequence[float]) -> list[dict[str, Any]]:
+    """One line per run shown, panel by panel, with its TTFT quantiles."""
+    lines: list[dict[str, Any]] = []
+    for xv in panels:
+        for r in data.runs:
+            if data.x_value(r) == xv:
+                lines.append(
+                    {
+                        "run": r.label,
+                        "dir": r.shown,
+                        "series": r.series,
+                        "panel": data.x_title(r),
+                        "ttft_s": ttft_quantiles(r),
+                    }
+                )
+    return lines
+
+
+def _cdf_panels(fig: Figure, data: ReportData, lines: list[dict[str, Any]], n_panels: int) -> None:
+    """The CDF panels, up to 3 a row, axes shared; log TTFT when it spans over 20x."""
+    probs = quantile_grid()
+    colors = series_colors(data)
+    ncols = min(3, n_panels)
+    nrows = math.ceil(n_panels / ncols)
+    axes = fig.subplots(nrows, ncols, squeeze=False, sharex=True, sharey=True)
+    every = [v for ln in lines for v in ln["ttft_s"]]
+    log = bool(every) and min(every) > 0 and max(every) / min(every) > 20
+    titles = list(dict.fromkeys(ln["panel"] for ln in lines))
+    for i, title in enumerate(titles):
+        ax = axes[i // ncols][i % ncols]
+        for ln in lines:
+            if ln["panel"] == title and ln["ttft_s"]:
+                ax.plot(
+                    ln["ttft_s"], probs, drawstyle="steps-post", color=colors[ln["series"]], lw=1.4
+                )
+        ax.set_title(title)
+        ax.grid(True, which="both", alpha=0.3)
+        if log:
+            ax.set_xscale("log")
+        if i // ncols == nrows - 1 or i + ncols >= len(titles):
+            ax.set_xlabel("TTFT [s]")
+        if i % ncols == 0:
+            ax.set_ylabel("requests with TTFT ≤ x [fraction]")
+    for j in range(len(titles), nrows * ncols):
+        axes[j // ncols][j % ncols].set_visible(False)
+
+
+def _ttft_numbers(data: ReportData) -> pd.DataFrame:
+    """TTFT p50 / p90 / p99 / mean of each run, from its summary."""
+    return frame(
+        [
+            {
+                "run": r.label,
+                "p50 [ms]": ms(r.summary["ttft_p50_s"]),
+                "p90 [ms]": ms(r.summary["ttft_p90_s"]),
+                "p99 [ms]": ms(r.summary["ttft_p99_s"]),
+                "mean [ms]": ms(r.summary["ttft_mean_s"]),
+            }
+            for r in data.runs
+        ],
+        ["run", "p50 [ms]", "p90 [ms]", "p99 [ms]", "mean [ms]"],
+    )
+
+
+def fig_ttft_cdf(data: ReportData) -> ReportFigure:
+    """TTFT CDF per series, one panel per capacity (or request rate)."""
+    panels_all = sorted({data.x_value(r) for r in data.runs})
+    panels = pick(panels_all, MAX_CDF_PANELS)
+    lines = _cdf_lines(data, panels)
+    ncols = min(3, len(panels))
+    fig = new_figure(4.0 * ncols + 2.2, 3.2 * math.ceil(len(panels) / ncols) + 0.4)
+    _cdf_panels(fig, data, lines, len(panels))
+    series_legend(fig, data)
+    fig.suptitle("TTFT distribution (CDF)")
+    what = "capacities" if data.x == "capacity" else "rates"
+    shown = (
+        ""
+        if len(panels) == len(panels_all)
+        else f" {len(panels)} of the {len(panels_all)} {what} are shown (evenly spread)."
+    )
+    return ReportFigure(
+        "fig-ttft-cdf",
+        "TTFT distribution",
+        "Fraction of finished requests whose time to first token is at most x, one line per "
+        f"series, one panel per {'KV capacity' if data.x == 'capacity' else 'request rate'}."
+        + shown,
+        fig,
+        {"probabilities": quantile_grid(), "lines": lines},
+        _ttft_numbers(data),
+    )
+
+
+def _percentile_axes(
+    ax: Axes, p: int, data: ReportData, rows: list[dict[str, Any]], log: bool
+) -> None:
+    """TTFT percentile ``p`` against the x axis: a line per series, ticks at measured x."""
+    from matplotlib.ticker import NullFormatter
+
+    colors = series_colors(data)
+    xs = [r["x"] for r in rows]
+    for s in data.series_order():
+        pts = [r for r in rows if r["series"] == s]
+        ax.plot(
+            [r["x"] for r in pts],
+            [r[f"ttft_p{p}_s"] for r in pts],
+            marker="o",
+            color=colors[s],
+            lw=1.4,
+            ms=4,
+        )
+    ax.set_title(f"TTFT p{p}")
+    ax.set_ylabel("TTFT [s]")
+    ax.set_ylim(bottom=0)
+    ax.grid(True, which="both", alpha=0.3)
+    if log:
+        ax.set_xscale("log")
+    # ticks at the measured x values: log-scale minor labels would be unreadable
+    ticks = pick(sorted(set(xs)), 8)
+    if data.x == "capacity":
+        ax.set_xticks(ticks, [tokens(t) for t in ticks])
+        ax.set_xlabel("KV capacity, device + host [tokens]")
+    else:
+        ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+        ax.set_xlabel("request rate [× the trace's rate]")
+    ax.xaxis.set_minor_formatter(NullFormatter())
+
+
+def fig_ttft_percentiles(data: ReportData) -> ReportFigure:
+    """TTFT p50 / p90 / p99 vs capacity (or request rate), one line per series."""
+    rows: list[dict[str, Any]] = [
+        {
+            "run": r.label,
+            "dir": r.shown,
+            "series": r.series,
+            "x": data.x_value(r),
+            "ttft_p50_s": r.summary["ttft_p50_s"],
+            "ttft_p90_s": r.summary["ttft_p90_s"],
+            "ttft_p99_s": r.summary["ttft_p99_s"],
+        }
+        for r in data.runs
+    ]
+    rows.sort(key=lambda r: (data.series_order().index(r["series"]), r["x"]))
+    fig = new_figure(13.0, 3.9)
+    xs = [r["x"] for r in rows]
+    log = min(xs) > 0 and max(xs) / min(xs) >= 4
+    for ax, p in zip(fig.subplots(1, 3), (50, 90, 99), strict=True):
+        _percentile_axes(ax, p, data, rows, log)
+    series_legend(fig, data)
+    numbers = frame(
+        [
+            {
+                "run": r["run"],
+                "x": tokens(r["x"]) if data.x == "capacity" else f"{r['x']:g}",
+                "p50 [ms]": ms(r["ttft_p50_s"]),
+                "p90 [ms]": ms(r["ttft_p90_s"]),
+                "p99 [ms]": ms(r["ttft_p99_s"]),
+            }
+            for r in rows
+        ],
+        ["run", "x", "p50 [ms]", "p90 [ms]", "p99 [ms]"],
+    ).rename(columns={"x": "capacity [tokens]" if data.x == "capacity" else "rate ×"})
+    what = "KV capacity (device + host pool, tokens)" if data.x == "capacity" else "request rate"
+    return ReportFigure(
+        "fig-ttft-percentiles",
+        f"TTFT percentiles vs {'capacity' if data.x == 'capacity' else 'request rate'}",
+        f"Median, 90th and 99th percentile time to first token against the {what}, one line "
+        "per series (percentiles interpolated between requests, as in summary.json).",
+        fig,
+        {"x": data.x, "rows": rows},
+        numbers,
+    )
+
+
+def fig_ttft_breakdown(data: ReportData) -> ReportFigure:
+    """Mean TTFT split into its parts, one horizontal stacked bar per run."""
+    rows: list[dict[str, Any]] = [
+        {"run": r.label, "dir": r.shown, **{k: sig(v) for k, v in ttft_breakdown(r).items()}}
+        for r in data.runs
+    ]
+    fig = new_figure(11.0, 1.3 + 0.3 * len(rows))
+    ax = fig.add_subplot(1, 1, 1)
+    left = [0.0] * len(rows)
+    ys = list(range(len(rows)))
+    for part in BREAKDOWN_PARTS:
+        vals = [1e3 * (r[part] or 0.0) for r in rows]
+        ax.barh(ys, vals, 0.7, left=left, color=_PART_COLORS[part], label=part)
+        left = [a + b for a, b in zip(left, vals, strict=True)]
+    ax.set_yticks(ys, [r["run"] for r in rows], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("mean time per request [ms]")
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.set_title("Where TTFT goes")
+    fig.legend(loc="outside right upper")
+    numbers = frame(
+        [
+            {
+                "run": r["run"],
+                **{f"{p} [ms]": ms(r[p]) for p in BREAKDOWN_PARTS},
+                "TTFT [ms]": ms(r["ttft"]),
+            }
+            for r in rows
+        ],
+        ["run", *(f"{p} [ms]" for p in BREAKDOWN_PARTS), "TTFT [ms]"],
+    )
+    return ReportFigure(
+        "fig-ttft-breakdown",
+        "TTFT breakdown",
+        "Mean time to first token per request, split into queueing (arrival to admission), "
+        "load stall (waiting for host-to-device loads), prefill compute, and other (waits "
+        "between prefill chunks and for batch slots).",
+        fig,
+        {"parts": list(BREAKDOWN_PARTS), "rows": rows},
+        numbers,
+    )
+
+
+# --- all of them -----------------------------------------------------------------------------
+
+#: The figures of a report, in order.
+FIGURES: tuple[Callable[[ReportData], ReportFigure], ...] = (
+    fig_hitrate,
+    fig_ttft_cdf,
+    fig_ttft_percentiles,
+    fig_ttft_breakdown,
+    fig_occupancy,
+    fig_pcie,
+    fig_writes,
+)
+
+
+def report_figures(data: ReportData) -> list[ReportFigure]:
+    """Every figure of the report for ``data`` (see :data:`FIGURES`)."""
+    import matplotlib
+
+    with matplotlib.rc_context(RC):
+        return [make(data) for make in FIGURES]

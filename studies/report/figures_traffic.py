@@ -1,0 +1,266 @@
+"""The report's figures of the KV pools and the host link: HBM and host occupancy over time,
+PCIe traffic over time, and tokens written to vs loaded back from the host."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from studies.report.canvas import ReportFigure, frame, new_figure
+from studies.report.derive import (
+    PCIE_BINS,
+    mean_used,
+    occupancy,
+    pcie,
+    pcie_totals,
+    peak_used,
+    timeline_runs,
+    write_traffic,
+)
+from studies.report.fmt import integer, num, pct, tokens
+from studies.report.load import ReportData, Run
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+
+_D2H_COLOR, _H2D_COLOR = "#d95f02", "#1b9e77"
+
+
+def _steps(s: Mapping[str, Any], key: str) -> tuple[list[float], list[float]]:
+    """Bin starts + the final edge, and per-bin values + the last repeated: a "post" step
+    line that covers the last bin too."""
+    xs = [*s["t_s"], s["t_s"][-1] + s["width_s"][-1]]
+    ys = [v or 0.0 for v in s[key]]
+    return xs, [*ys, ys[-1]] if ys else ys
+
+
+def _picked_note(data: ReportData, picked: Sequence[Run]) -> str:
+    if len(picked) == len(data.runs):
+        return ""
+    return (
+        f" {len(picked)} of {len(data.runs)} runs are shown: one per series, at its "
+        f"median {'capacity' if data.x == 'capacity' else 'rate'}."
+    )
+
+
+def _token_axis(ax: Axes) -> None:
+    """Token counts as x tick labels: 16.4K, 2M."""
+    from matplotlib.ticker import FuncFormatter
+
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: tokens(v)))
+
+
+# --- occupancy -------------------------------------------------------------------------------
+
+
+def _occupancy_axes(left: Axes, right: Axes, r: Run, s: Mapping[str, Any]) -> None:
+    """One run's row: the HBM pool stacked by part (left), the host pool in use (right)."""
+    from matplotlib.ticker import PercentFormatter
+
+    xs = _steps(s, "requests")[0]
+    ys = [_steps(s, k)[1] for k in ("requests", "locked", "evictable")]
+    left.stackplot(
+        xs,
+        ys,
+        labels=("running requests", "locked (in use, in flight)", "cached, evictable"),
+        colors=("#1f78b4", "#fdbf6f", "#b2df8a"),
+        step="post",
+    )
+    left.set_title(f"{r.label}: HBM KV pool ({tokens(r.device_tokens)} tokens)", fontsize=9)
+    left.set_ylabel("% of pool")
+    if s["host"]:
+        right.step(*_steps(s, "host"), where="post", color="#6a3d9a")
+        right.set_title(f"host KV pool ({tokens(r.host_tokens)} tokens)", fontsize=9)
+    else:
+        right.text(0.5, 0.5, "no host tier", ha="center", va="center", transform=right.transAxes)
+    for ax in (left, right):
+        ax.set_ylim(0, 1.02)
+        ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+        ax.grid(True, alpha=0.3)
+
+
+def fig_occupancy(data: ReportData) -> ReportFigure:
+    """HBM (stacked: running requests, locked, evictable cache) and host pool use over time."""
+    picked = timeline_runs(data)
+    series: list[dict[str, Any]] = [
+        {"run": r.label, "dir": r.shown, **occupancy(r)} for r in picked
+    ]
+    fig = new_figure(12.0, 0.7 + 2.0 * len(picked))
+    axes = fig.subplots(len(picked), 2, squeeze=False, sharex="row")
+    for i, (r, s) in enumerate(zip(picked, series, strict=True)):
+        left, right = axes[i]
+        _occupancy_axes(left, right, r, s)
+        if i == len(picked) - 1:
+            left.set_xlabel("simulated time [s]")
+            right.set_xlabel("simulated time [s]")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=3)
+    numbers = frame(
+        [
+            {
+                "run": s["run"],
+                "HBM used, mean": pct(mean_used(s)),
+                "HBM used, peak": pct(peak_used(s)),
+                "host used, peak": pct(max((v or 0.0 for v in s["host"]), default=math.nan)),
+            }
+            for s in series
+        ],
+        ["run", "HBM used, mean", "HBM used, peak", "host used, peak"],
+    )
+    return ReportFigure(
+        "fig-occupancy",
+        "HBM and host occupancy over time",
+        "Left: the device (HBM) KV pool, stacked: tokens of running requests, locked cache "
+        "(in use by a request or a copy in flight), and evictable cached tokens; the rest is "
+        "free. Right: the host (DRAM) pool in use." + _picked_note(data, picked),
+        fig,
+        {"runs": series},
+        numbers,
+    )
+
+
+# --- PCIe ------------------------------------------------------------------------------------
+
+
+def _pcie_axes(busy_ax: Axes, rate_ax: Axes, r: Run, s: Mapping[str, Any]) -> None:
+    """One run's row: link busy fraction (left) and throughput (right), both directions."""
+    from matplotlib.ticker import PercentFormatter
+
+    names = {"d2h": "device → host (writes)", "h2d": "host → device (loads)"}
+    colors = {"d2h": _D2H_COLOR, "h2d": _H2D_COLOR}
+    for d in ("d2h", "h2d"):
+        busy_ax.step(*_steps(s, f"{d}_busy"), where="post", color=colors[d], label=names[d], lw=1.1)
+        rate_ax.step(*_steps(s, f"{d}_gb_s"), where="post", color=colors[d], lw=1.1)
+    if not r.host_tokens:
+        for ax in (busy_ax, rate_ax):
+            ax.text(0.5, 0.5, "no host tier", ha="center", va="center", transform=ax.transAxes)
+    busy_ax.set_title(f"{r.label}: link busy", fontsize=9)
+    busy_ax.set_ylabel("busy [% of time]")
+    # a link is rarely saturated: scale to the peak (at least 5 %) so bursts stay visible
+    peak = max((v or 0.0 for d in ("d2h", "h2d") for v in s[f"{d}_busy"]), default=0.0)
+    busy_ax.set_ylim(0, min(1.02, max(0.05, peak * 1.15)))
+    busy_ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+    rate_ax.set_title("throughput", fontsize=9)
+    rate_ax.set_ylabel("[GB/s]")
+    rate_ax.set_ylim(bottom=0)
+    for ax in (busy_ax, rate_ax):
+        ax.grid(True, alpha=0.3)
+
+
+def fig_pcie(data: ReportData) -> ReportFigure:
+    """PCIe busy fraction and throughput per direction over time."""
+    picked = timeline_runs(data)
+    series: list[dict[str, Any]] = [{"run": r.label, "dir": r.shown, **pcie(r)} for r in picked]
+    fig = new_figure(12.0, 0.7 + 2.0 * len(picked))
+    axes = fig.subplots(len(picked), 2, squeeze=False, sharex="row")
+    for i, (r, s) in enumerate(zip(picked, series, strict=True)):
+        busy_ax, rate_ax = axes[i]
+        _pcie_axes(busy_ax, rate_ax, r, s)
+        if i == len(picked) - 1:
+            busy_ax.set_xlabel("simulated time [s]")
+            rate_ax.set_xlabel("simulated time [s]")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=2)
+    rows = []
+    for r in picked:
+        totals = pcie_totals(r)
+        row: dict[str, Any] = {"run": r.label}
+        for d in ("d2h", "h2d"):
+            row[f"{d} busy"] = pct(totals[f"{d}_busy"])
+            row[f"{d} GB"] = num(totals[f"{d}_gb"])
+        rows.append(row)
+    numbers = frame(rows, ["run", "d2h busy", "d2h GB", "h2d busy", "h2d GB"])
+    return ReportFigure(
+        "fig-pcie",
+        "PCIe traffic over time",
+        f"Per direction of the host link, in {PCIE_BINS} equal time bins: the fraction of time "
+        "a copy was in service, and the throughput (a copy's bytes spread over its service "
+        "time). Device → host are write-through/back copies, host → device are load-backs."
+        + _picked_note(data, picked),
+        fig,
+        {"bins": PCIE_BINS, "runs": series},
+        numbers,
+    )
+
+
+# --- write amplification ---------------------------------------------------------------------
+
+
+def _write_bars(ax: Axes, rows: list[dict[str, Any]]) -> None:
+    """Per run, tokens written (D2H) and loaded back (H2D) side by side, the write
+    amplification noted beside them."""
+    ys = list(range(len(rows)))
+    ax.barh(
+        [y - 0.19 for y in ys],
+        [r["tokens_written"] for r in rows],
+        0.38,
+        color=_D2H_COLOR,
+        label="written to host (D2H)",
+    )
+    ax.barh(
+        [y + 0.19 for y in ys],
+        [r["tokens_loaded"] for r in rows],
+        0.38,
+        color=_H2D_COLOR,
+        label="loaded back (H2D)",
+    )
+    for y, r in zip(ys, rows, strict=True):
+        amp = r["write_amplification"]
+        note = (
+            "no host tier"
+            if not r["host"]
+            else f"× {amp:.2f}"
+            if amp is not None
+            else "nothing loaded back"
+        )
+        ax.annotate(
+            note,
+            (max(r["tokens_written"], r["tokens_loaded"]), y),
+            xytext=(4, 0),
+            textcoords="offset points",
+            va="center",
+            fontsize=8,
+        )
+    ax.set_yticks(ys, [r["run"] for r in rows], fontsize=8)
+
+
+def fig_writes(data: ReportData) -> ReportFigure:
+    """Tokens written to the host vs loaded back, per run."""
+    rows = [
+        {"run": r.label, "dir": r.shown, "host": r.host_tokens > 0, **write_traffic(r)}
+        for r in data.runs
+    ]
+    fig = new_figure(11.0, 1.3 + 0.36 * len(rows))
+    ax = fig.add_subplot(1, 1, 1)
+    _write_bars(ax, rows)
+    ax.invert_yaxis()
+    _token_axis(ax)
+    ax.set_xlabel("tokens copied [tokens]")
+    ax.margins(x=0.12)
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.set_title("Write amplification: tokens written to the host vs loaded back")
+    fig.legend(loc="outside right upper")
+    numbers = frame(
+        [
+            {
+                "run": r["run"],
+                "written": integer(r["tokens_written"]),
+                "loaded": integer(r["tokens_loaded"]),
+                "written / loaded": num(r["write_amplification"]),
+                "excess writes": integer(r["excess_writes"]),
+            }
+            for r in rows
+        ],
+        ["run", "written", "loaded", "written / loaded", "excess writes"],
+    )
+    return ReportFigure(
+        "fig-writes",
+        "Tokens written vs loaded back",
+        "Tokens copied from HBM to the host pool and from the host back to HBM. The number "
+        "beside the bars is the write amplification, tokens written per token loaded back; "
+        "excess writes (written − loaded) bound from below the copies never read back.",
+        fig,
+        {"rows": rows},
+        numbers,
+    )

@@ -1,0 +1,228 @@
+"""The report as HTML: the figures (inline SVG, their data as JSON scripts, their numbers),
+the comparison table with the best values highlighted, the configurations and the sweeps.
+One self-contained document, no external resources."""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from studies.report.canvas import ReportFigure
+from studies.report.derive import COMPARISON, best_cells, comparison_table
+from studies.report.fmt import integer
+from studies.report.load import ReportData, config_key_order
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+def _html_table(df: pd.DataFrame, best: Mapping[str, set[str]] | None = None, cls: str = "") -> str:
+    """A DataFrame as an HTML table (cells already formatted as text; index as first column
+    when named). Cells listed in ``best`` (column -> index labels) get class ``best``."""
+    best = best or {}
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in df.columns)
+    index = df.index.name is not None
+    if index:
+        head = f"<th>{html.escape(str(df.index.name))}</th>" + head
+    body = []
+    for label, row in df.iterrows():
+        cells = [f'<th scope="row">{html.escape(str(label))}</th>'] if index else []
+        for c in df.columns:
+            mark = ' class="best" title="best"' if str(label) in best.get(str(c), ()) else ""
+            cells.append(f"<td{mark}>{html.escape(str(row[c]))}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    klass = f' class="{cls}"' if cls else ""
+    return f"<table{klass}><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def _comparison_html(data: ReportData) -> str:
+    """The comparison table, formatted, with the best cells marked."""
+    import pandas as pd
+
+    raw = comparison_table(data)
+    best = best_cells(raw)
+    shown = pd.DataFrame(
+        {title: [fmt(v) for v in raw[key]] for title, key, fmt, _ in COMPARISON},
+        index=pd.Index(raw.index, name="run"),
+    )
+    by_title = {title: best[key] for title, key, _, _ in COMPARISON if key in best}
+    return _html_table(shown, by_title, "comparison")
+
+
+def _config_html(data: ReportData) -> str:
+    """What all runs share, the traces, what differs, and each run's config.json."""
+    import pandas as pd
+
+    keys = config_key_order()
+    flat0 = data.runs[0].config
+    common = [(k, flat0[k]) for k in keys if k in flat0 and k not in data.varying]
+    parts = ["<h3>Shared by all runs</h3>"]
+    traces = sorted(
+        {(str(r.conf.get("trace")), str(r.conf.get("trace_sha256"))) for r in data.runs}
+    )
+    t = pd.DataFrame(
+        {"value": [_show(v) for _, v in common]}, index=pd.Index([k for k, _ in common], name="key")
+    )
+    parts.append(_html_table(t, cls="config"))
+    parts.append("<h3>Traces</h3>")
+    parts.append(
+        _html_table(
+            pd.DataFrame(
+                {"sha256": [s for _, s in traces]},
+                index=pd.Index([p for p, _ in traces], name="trace"),
+            )
+        )
+    )
+    if data.varying:
+        parts.append("<h3>What differs</h3>")
+        cols = [k for k in data.varying if k != "trace"]
+        v = pd.DataFrame(
+            {
+                **{k: [_show(r.config.get(k)) for r in data.runs] for k in cols},
+                "HBM pool [tokens]": [integer(r.device_tokens) for r in data.runs],
+                "host pool [tokens]": [integer(r.host_tokens) for r in data.runs],
+                "directory": [r.shown for r in data.runs],
+            },
+            index=pd.Index([r.label for r in data.runs], name="run"),
+        )
+        if "trace" in data.varying:
+            v.insert(0, "trace", [str(r.conf.get("trace")) for r in data.runs])
+        parts.append(_html_table(v, cls="config"))
+    parts.append("<h3>Each run's config.json</h3>")
+    for r in data.runs:
+        text = json.dumps(r.conf, indent=1, sort_keys=True)
+        parts.append(
+            f"<details><summary>{html.escape(r.label)} — {html.escape(r.shown)}"
+            f"</summary><pre>{html.escape(text)}</pre></details>"
+        )
+    return "\n".join(parts)
+
+
+def _show(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        return f"{v:g}"
+    return str(v)
+
+
+def _sweeps_html(data: ReportData) -> str:
+    """Per sweep: its description, jobs finished and failed (with errors), its grid file."""
+    import pandas as pd
+
+    parts = []
+    for s in data.sweeps:
+        res = s.results
+        failed = res[res["status"] != "ok"]
+        ok = int((res["status"] == "ok").sum())
+        desc = f"<p>{html.escape(s.description)}</p>" if s.description else ""
+        parts.append(
+            f"<h3>{html.escape(s.name)} <small>({html.escape(s.shown)})</small></h3>"
+            f"{desc}<p>{len(res)} jobs: {ok} finished, {len(failed)} failed.</p>"
+        )
+        if len(failed):
+            t = pd.DataFrame(
+                {
+                    "status": failed["status"].astype(str).tolist(),
+                    "error": [str(e) for e in failed["error"]],
+                },
+                index=pd.Index(failed["job"].astype(str).tolist(), name="job"),
+            )
+            parts.append(_html_table(t, cls="failed"))
+        if s.grid_text:
+            parts.append(
+                f"<details><summary>grid file</summary><pre>{html.escape(s.grid_text)}"
+                "</pre></details>"
+            )
+    return "\n".join(parts)
+
+
+# --- the document ----------------------------------------------------------------------------
+
+_CSS = """
+body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0 auto;
+max-width:1500px;padding:1rem 1.5rem;color:#222;line-height:1.4}
+h1{font-size:1.6rem;margin:.2rem 0}h2{font-size:1.25rem;margin-top:2rem;
+border-bottom:1px solid #ddd}h3{font-size:1.05rem}
+nav a{margin-right:1rem}
+.row{display:flex;flex-wrap:wrap;gap:1.2rem;align-items:flex-start}
+figure{flex:3 1 640px;margin:0;min-width:0}figure svg{width:100%;height:auto}
+figcaption{font-size:.9rem;color:#444;margin-top:.3rem}
+.numbers{flex:2 1 360px;max-height:640px;overflow:auto}
+table{border-collapse:collapse;font-size:.82rem;font-variant-numeric:tabular-nums}
+th,td{border:1px solid #ddd;padding:.2rem .45rem;text-align:right;white-space:nowrap}
+th{background:#f4f4f4}tbody th{text-align:left;font-weight:normal}
+td.best{background:#c8efd2;font-weight:600}
+.wide{overflow-x:auto}pre{background:#f7f7f7;padding:.5rem;overflow-x:auto;font-size:.8rem}
+small{color:#666;font-weight:normal}
+"""
+
+
+def _json_script(fig_id: str, payload: Any) -> str:
+    text = json.dumps(_clean(payload), sort_keys=True, separators=(",", ":"), allow_nan=False)
+    text = text.replace("</", "<\\/")  # never closes the script element
+    return (
+        f'<script type="application/json" class="figure-data" data-figure="{fig_id}">'
+        f"{text}</script>"
+    )
+
+
+def _clean(x: Any) -> Any:
+    """JSON-ready: NaN/inf -> None, numpy scalars -> Python numbers."""
+    if isinstance(x, dict):
+        return {str(k): _clean(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_clean(v) for v in x]
+    if isinstance(x, bool) or x is None or isinstance(x, str):
+        return x
+    if isinstance(x, int):
+        return int(x)
+    if hasattr(x, "item"):
+        return _clean(x.item())
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    return x
+
+
+def render_html(data: ReportData, figures: Sequence[ReportFigure], title: str) -> str:
+    """The report as one HTML document (no external resources)."""
+    from hicache import __version__
+
+    nav = " ".join(f'<a href="#{f.id}">{html.escape(f.title)}</a>' for f in figures)
+    nav += ' <a href="#comparison">Comparison</a> <a href="#configs">Configurations</a>'
+    inputs = sorted({r.sweep or r.shown for r in data.runs})
+    sections = []
+    for f in figures:
+        sections.append(
+            f'<section id="{f.id}"><h2>{html.escape(f.title)}</h2><div class="row">'
+            f"<figure>{f.to_svg()}<figcaption>{html.escape(f.caption)}</figcaption></figure>"
+            f'<div class="numbers">{_html_table(f.numbers)}</div></div>'
+            f"{_json_script(f.id, f.data)}</section>"
+        )
+    sweeps = _sweeps_html(data)
+    versions = ", ".join(sorted({str(r.conf.get("version", "?")) for r in data.runs}))
+    body = [
+        f"<header><h1>{html.escape(title)}</h1>",
+        f"<p>{len(data.runs)} runs from {html.escape(', '.join(inputs))}. Simulated with "
+        f"hicache-sim {html.escape(versions)}"
+        f"; report by hicache-sim {__version__}.</p>",
+        f"<nav>{nav}</nav></header>",
+        *sections,
+        '<section id="comparison"><h2>Comparison</h2><p>One row per run; the best value of '
+        "each metric is highlighted (highest hit rates and throughput, lowest latencies, "
+        "write amplification, retractions and rejections).</p>"
+        f'<div class="wide">{_comparison_html(data)}</div></section>',
+        f'<section id="configs"><h2>Configurations</h2>{_config_html(data)}'
+        + (f"<h3>Sweeps</h3>{sweeps}" if sweeps else "")
+        + "</section>",
+    ]
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>\n"
+        + "\n".join(body)
+        + "\n</body></html>\n"
+    )

@@ -1,0 +1,270 @@
+"""Loading runs and sweeps for a report, and labelling them.
+
+A run directory holds ``config.json``, ``summary.json`` and the Parquet tables of
+:mod:`sim.metrics`; a sweep directory holds ``results.parquet`` and the job run directories
+(:mod:`studies.sweep`). Runs are grouped automatically: the config keys whose values differ
+between runs label them. Keys that size the pools (device tokens, host ratio/size) form the
+capacity axis; the others (write policy, eviction, ...) form the series ("policy"). When only
+the request rate varies, the rate is the x axis instead.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from studies.report.fmt import capacity_text
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+#: Keys that size the KV pools: together they are the capacity axis, not part of a series.
+CAPACITY_KEYS = (
+    "gpu.device_tokens",
+    "gpu.mem_fraction",
+    "gpu.reserve_gb",
+    "cache.hicache_ratio",
+    "cache.hicache_size_gb",
+)
+RATE_KEYS = ("workload.rate_scale",)
+#: Keys that mean nothing without a host tier (left out of the labels of such runs).
+HOST_ONLY_KEYS = (
+    "cache.write_policy",
+    "cache.hicache_ratio",
+    "cache.hicache_size_gb",
+    "cache.load_back_threshold",
+)
+_SHORT = {
+    "gpu.device_tokens": "device",
+    "cache.hicache_ratio": "ratio",
+    "cache.hicache_size_gb": "host GB",
+    "cache.page_size": "page",
+    "workload.rate_scale": "rate",
+    "workload.max_requests": "requests",
+}
+
+
+@dataclass
+class Run:
+    """One run directory: its config.json and summary.json, tables read on first use."""
+
+    path: Path
+    shown: str  # the path as the report prints it
+    conf: dict[str, Any]
+    summary: dict[str, Any]
+    sweep: str | None = None
+    label: str = ""
+    series: str = ""
+    _tables: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The resolved config, flat: ``{"section.key": value}``."""
+        return {f"{s}.{k}": v for s, body in self.conf["config"].items() for k, v in body.items()}
+
+    def value(self, key: str) -> Any:
+        """A config value, or the trace (its checksum when known) for ``"trace"``."""
+        if key == "trace":
+            return self.conf.get("trace_sha256") or self.conf.get("trace")
+        return self.config.get(key)
+
+    @property
+    def device_tokens(self) -> int:
+        return int(self.conf["device_tokens"])
+
+    @property
+    def host_tokens(self) -> int:
+        return int(self.conf["host_tokens"])
+
+    @property
+    def page_size(self) -> int:
+        return int(self.conf["config"]["cache"]["page_size"])
+
+    @property
+    def capacity(self) -> tuple[int, int]:
+        return (self.device_tokens, self.host_tokens)
+
+    def table(self, name: str) -> pd.DataFrame:
+        """``requests``, ``timeline`` or ``transfers`` as a DataFrame (cached)."""
+        import pandas as pd
+
+        if name not in self._tables:
+            self._tables[name] = pd.read_parquet(self.path / f"{name}.parquet")
+        df: pd.DataFrame = self._tables[name]
+        return df
+
+    def finished(self) -> pd.DataFrame:
+        """Requests that finished (rejected ones have ``finish_s`` -1)."""
+        req = self.table("requests")
+        return req[req["finish_s"] >= 0]
+
+
+@dataclass
+class Sweep:
+    """A sweep directory: its description, grid file text, and results table."""
+
+    path: Path
+    shown: str
+    name: str
+    description: str
+    grid_text: str
+    columns: list[str]
+    results: pd.DataFrame
+
+
+@dataclass
+class ReportData:
+    """Everything a report shows, loaded by :func:`load_runs`."""
+
+    runs: list[Run]
+    sweeps: list[Sweep]
+    varying: list[str]  # keys whose values differ between runs, in display order
+    x: str  # "capacity" or "rate": the x axis of the TTFT figures
+
+    @property
+    def x_keys(self) -> tuple[str, ...]:
+        return CAPACITY_KEYS if self.x == "capacity" else RATE_KEYS
+
+    def x_value(self, run: Run) -> float:
+        """Total KV capacity (device + host tokens), or the rate scale."""
+        if self.x == "capacity":
+            return float(run.device_tokens + run.host_tokens)
+        return float(run.config["workload.rate_scale"])
+
+    def x_title(self, run: Run) -> str:
+        if self.x == "capacity":
+            return capacity_text(run.capacity)
+        return f"rate × {run.config['workload.rate_scale']:g}"
+
+    def series_order(self) -> list[str]:
+        return list(dict.fromkeys(r.series for r in self.runs))
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: cannot read: {e}") from None
+
+
+def _load_run(path: Path, shown: str, sweep: str | None = None) -> Run:
+    for name in ("config.json", "summary.json", "requests.parquet"):
+        if not (path / name).is_file():
+            raise ValueError(f"{shown}: not a complete run directory (no {name})")
+    return Run(
+        path, shown, _read_json(path / "config.json"), _read_json(path / "summary.json"), sweep
+    )
+
+
+def load_runs(dirs: Sequence[str | Path]) -> ReportData:
+    """Runs and sweeps from directories (sorted, duplicates dropped): a directory with
+    ``results.parquet`` is a sweep (its ``ok`` jobs become runs, in grid order), one with
+    ``summary.json`` a run. Labels, series and the x axis are derived here. Raises
+    ``ValueError`` (one line) for a directory that is neither, or a sweep without runs."""
+    import pandas as pd
+
+    runs: list[Run] = []
+    sweeps: list[Sweep] = []
+    seen: set[Path] = set()
+    if not dirs:
+        raise ValueError("no run or sweep directory given")
+    for d in sorted({str(x): Path(x) for x in dirs}.values(), key=str):
+        if (d / "results.parquet").is_file():
+            meta = _read_json(d / "sweep.json") if (d / "sweep.json").is_file() else {}
+            results = pd.read_parquet(d / "results.parquet")
+            grid = d / "grid.toml"
+            sweep = Sweep(
+                d,
+                str(d),
+                str(meta.get("name") or d.name),
+                str(meta.get("description", "")),
+                grid.read_text() if grid.is_file() else "",
+                list(meta.get("columns", [])),
+                results,
+            )
+            sweeps.append(sweep)
+            for _, row in results[results["status"] == "ok"].iterrows():
+                p = d / str(row["run_dir"])
+                if p.resolve() not in seen:
+                    seen.add(p.resolve())
+                    runs.append(_load_run(p, str(p), sweep.name))
+        elif (d / "summary.json").is_file():
+            if d.resolve() not in seen:
+                seen.add(d.resolve())
+                runs.append(_load_run(d, str(d)))
+        elif d.is_dir():
+            raise ValueError(
+                f"{d}: neither a run directory (summary.json) nor a sweep "
+                "directory (results.parquet)"
+            )
+        else:
+            raise ValueError(f"{d}: no such directory")
+    if not runs:
+        raise ValueError(f"{', '.join(map(str, dirs))}: no finished runs to report")
+    return describe_runs(runs, sweeps)
+
+
+def describe_runs(runs: list[Run], sweeps: Sequence[Sweep] = ()) -> ReportData:
+    """Label the runs and choose the grouping: the keys that differ between runs label them
+    (sweep axes first); the series leaves out the x-axis keys; the x axis is the KV capacity,
+    or the request rate when only the rate varies. Labels are made unique."""
+    data = ReportData(runs, list(sweeps), _varying_keys(runs, sweeps), "capacity")
+    caps = {r.capacity for r in runs}
+    rates = {r.config.get("workload.rate_scale") for r in runs}
+    data.x = "rate" if len(caps) == 1 and len(rates) > 1 else "capacity"
+    series_keys = [k for k in data.varying if k not in data.x_keys]
+    for r in runs:
+        r.label = _label(r, data.varying) or Path(r.shown).name
+        r.series = _label(r, series_keys) or "all runs"
+    counts: dict[str, int] = {}
+    for r in runs:
+        counts[r.label] = counts.get(r.label, 0) + 1
+    for r in runs:  # the same config twice (two inputs): tell them apart by directory
+        if counts[r.label] > 1:
+            r.label = f"{r.label} ({Path(r.shown).name})"
+    return data
+
+
+def config_key_order() -> list[str]:
+    from hicache.config import SECTIONS
+
+    return [f"{s}.{f.name}" for s, cls in SECTIONS.items() for f in fields(cls)]
+
+
+def _varying_keys(runs: Sequence[Run], sweeps: Sequence[Sweep]) -> list[str]:
+    """Keys with more than one value among the runs: sweep axes first, then config order."""
+    keys = ["trace", *config_key_order()]
+    for r in runs:
+        keys.extend(k for k in sorted(r.config) if k not in keys)
+    varying = [k for k in keys if len({json.dumps(r.value(k), sort_keys=True) for r in runs}) > 1]
+    first = [c for s in sweeps for c in s.columns if c in varying]
+    return list(dict.fromkeys([*first, *varying]))
+
+
+def _label(run: Run, keys: Iterable[str]) -> str:
+    """``"write_back · ratio=4"``: the run's values of ``keys`` (strings bare, numbers named;
+    host-only keys dropped for a run without a host tier, which reads "no host tier")."""
+    parts = []
+    host = bool(run.config.get("cache.enable_host", True))
+    for k in keys:
+        if not host and k in HOST_ONLY_KEYS:
+            continue
+        if k == "cache.enable_host":
+            if not host:
+                parts.append("no host tier")
+            continue
+        if k == "trace":
+            parts.append(Path(str(run.conf.get("trace", ""))).name.split(".")[0] or "trace")
+            continue
+        v = run.config.get(k)
+        if k == "run.profile":
+            parts.append(Path(str(v)).stem if v else "default profile")
+        elif isinstance(v, str):
+            parts.append(v)
+        else:
+            short = _SHORT.get(k, k.partition(".")[2])
+            parts.append(f"{short}={v:g}" if isinstance(v, float) else f"{short}={v}")
+    return " · ".join(parts)

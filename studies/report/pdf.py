@@ -1,0 +1,48 @@
+"""The report's PDF: the figures one per page, then the comparison table as text pages."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from hicache.fsutil import write_atomic
+from studies.report.canvas import RC, ReportFigure, new_figure
+from studies.report.derive import COMPARISON, comparison_table
+from studies.report.load import ReportData
+
+#: Lines of the comparison table per text page.
+_LINES_PER_PAGE = 60
+
+
+def write_pdf(data: ReportData, figures: Sequence[ReportFigure], title: str, path: Path) -> Path:
+    """Figures one per page, then the comparison table as text pages, written atomically to
+    ``path``. No creation date: the same inputs give the same bytes."""
+    return write_atomic(path, lambda tmp: _pdf(data, figures, title, tmp))
+
+
+def _pdf(data: ReportData, figures: Sequence[ReportFigure], title: str, path: Path) -> None:
+    import matplotlib
+    import pandas as pd
+    from matplotlib.backends.backend_pdf import PdfPages
+
+    raw = comparison_table(data)
+    text = pd.DataFrame(
+        {title_: [fmt(v) for v in raw[key]] for title_, key, fmt, _ in COMPARISON},
+        index=raw.index,
+    ).to_string()
+    lines = text.splitlines()
+    meta = {"Title": title, "Creator": "hicache-sim", "CreationDate": None}
+    with matplotlib.rc_context(RC), PdfPages(path, metadata=meta) as pdf:
+        for f in figures:
+            pdf.savefig(f.figure)
+        for start in range(0, len(lines), _LINES_PER_PAGE):
+            page = new_figure(16.5, 11.7)
+            page.text(
+                0.01,
+                0.99,
+                "\n".join(lines[start : start + _LINES_PER_PAGE]),
+                family="monospace",
+                fontsize=6,
+                va="top",
+            )
+            pdf.savefig(page)
