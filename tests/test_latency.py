@@ -116,7 +116,7 @@ def test_a_measured_profile_replaces_the_estimate_for_its_gpu_and_link(
     link use it without naming it; other links keep the estimate."""
     import dataclasses
 
-    import hicache.latency as lat
+    import hicache.profile as lat
 
     monkeypatch.setattr(lat, "PROFILE_DIR", tmp_path)
     save_profile(h100, tmp_path / "h100-sxm-pcie5-x16-default.json")

@@ -1,0 +1,303 @@
+"""Latency profiles: every timing constant for one GPU + host link, and their JSON files.
+
+A :class:`Profile` holds, per IO backend and direction, the copy constants of a
+:class:`LinkParams` (the one cost rule of :mod:`hicache.latency` charges them), and the compute
+constants of the roofline. Shipped profiles live in ``hicache/profiles/`` (format:
+``hicache/profiles/README.md``); a ``<gpu>-measured.json`` there, written by replay
+calibration, replaces the estimate for its GPU and link.
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hicache.fsutil import write_text_atomic
+
+#: IO backends a profile must describe (SGLang ``--hicache-io-backend`` on CUDA).
+BACKENDS = ("kernel", "direct")
+#: Copy directions: device->host (writes/backups) and host->device (load_back).
+DIRECTIONS = ("d2h", "h2d")
+#: Where the shipped default profiles live: ``<gpu>-<link>-default.json``.
+PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
+#: Version of the profile JSON format this module reads and writes.
+PROFILE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class LinkParams:
+    """Cost model of one IO backend in one direction.
+
+    ``alpha_s``: fixed cost per copy op (launch, index upload, stream event). ``beta_Bps``:
+    bandwidth of a large copy, bytes/s. ``gamma_s``: extra cost per contiguous run of pages in
+    the op (what the ``direct`` backend pays per ``cudaMemcpyAsync``; ~0 for the gather/scatter
+    kernels). ``eta`` in (0, 1]: service-rate factor while the other direction is busy, so the
+    effective bandwidth is ``beta * eta`` then.
+    """
+
+    alpha_s: float
+    beta_Bps: float
+    gamma_s: float = 0.0
+    eta: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("alpha_s", "beta_Bps", "gamma_s", "eta"):
+            v = getattr(self, name)
+            if not math.isfinite(v):
+                raise ValueError(f"{name} must be finite, got {v}")
+        if self.alpha_s < 0:
+            raise ValueError(f"alpha_s must be >= 0, got {self.alpha_s}")
+        if self.beta_Bps <= 0:
+            raise ValueError(f"beta_Bps must be > 0, got {self.beta_Bps}")
+        if self.gamma_s < 0:
+            raise ValueError(f"gamma_s must be >= 0, got {self.gamma_s}")
+        if not 0 < self.eta <= 1:
+            raise ValueError(f"eta must be in (0, 1], got {self.eta}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Profile:
+    """Every latency constant for one GPU + host link.
+
+    ``links[backend][direction]`` holds a :class:`LinkParams` for each backend in ``BACKENDS``
+    and direction in ``DIRECTIONS``. Compute: ``mfu`` (fraction of dense bf16 peak that prefill
+    reaches), ``prefill_overhead_s`` (per prefill batch), ``attn_efficiency`` (attention FLOPs
+    run at ``mfu * attn_efficiency``), ``decode_hbm_efficiency`` (fraction of HBM bandwidth a
+    decode step achieves), ``decode_overhead_s`` (per decode step). ``measured`` is True only
+    for a profile fitted to measurements (replay calibration); ``provenance`` says where the
+    numbers come from (``source`` at least; usually ``date`` and ``notes``).
+
+    The dicts are not copied or frozen: treat them as read-only.
+    """
+
+    gpu: str
+    link_name: str
+    links: dict[str, dict[str, LinkParams]] = field(hash=False)
+    mfu: float
+    prefill_overhead_s: float
+    attn_efficiency: float = 1.0
+    decode_hbm_efficiency: float
+    decode_overhead_s: float
+    measured: bool = False
+    provenance: dict[str, str] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        for backend in BACKENDS:
+            for direction in DIRECTIONS:
+                if direction not in self.links.get(backend, {}):
+                    raise ValueError(f"links.{backend}.{direction}: missing")
+        for backend, by_dir in self.links.items():
+            if backend not in BACKENDS:
+                raise ValueError(f"links.{backend}: unknown backend; choices: {BACKENDS}")
+            for direction in by_dir:
+                if direction not in DIRECTIONS:
+                    raise ValueError(
+                        f"links.{backend}.{direction}: unknown direction; choices: {DIRECTIONS}"
+                    )
+        for name, lo_open, hi in (
+            ("mfu", 0.0, 1.0),
+            ("attn_efficiency", 0.0, math.inf),
+            ("decode_hbm_efficiency", 0.0, 1.0),
+        ):
+            v = getattr(self, name)
+            if not lo_open < v <= hi:
+                raise ValueError(f"compute.{name} must be in (0, {hi:g}], got {v}")
+        for name in ("prefill_overhead_s", "decode_overhead_s"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v >= 0):
+                raise ValueError(f"compute.{name} must be >= 0, got {v}")
+
+    def link(self, backend: str, direction: str) -> LinkParams:
+        """The transfer constants for ``backend`` (``kernel``/``direct``) and ``direction``
+        (``d2h``/``h2d``); ``ValueError`` naming the choices for anything else."""
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown io backend {backend!r}; choices: {', '.join(BACKENDS)}")
+        if direction not in DIRECTIONS:
+            raise ValueError(f"unknown direction {direction!r}; choices: {', '.join(DIRECTIONS)}")
+        return self.links[backend][direction]
+
+
+_LINK_KEYS = ("alpha_s", "beta_Bps", "gamma_s", "eta")
+_COMPUTE_KEYS = (
+    "mfu",
+    "prefill_overhead_s",
+    "attn_efficiency",
+    "decode_hbm_efficiency",
+    "decode_overhead_s",
+)
+_TOP_KEYS = ("version", "gpu", "link", "measured", "provenance", "links", "compute")
+
+
+def profile_to_dict(profile: Profile) -> dict[str, Any]:
+    """The JSON-ready form of ``profile`` (on-disk format: ``hicache/profiles/README.md``)."""
+    return {
+        "version": PROFILE_VERSION,
+        "gpu": profile.gpu,
+        "link": profile.link_name,
+        "measured": profile.measured,
+        "provenance": dict(profile.provenance),
+        "links": {
+            b: {d: {k: getattr(profile.links[b][d], k) for k in _LINK_KEYS} for d in DIRECTIONS}
+            for b in BACKENDS
+        },
+        "compute": {k: getattr(profile, k) for k in _COMPUTE_KEYS},
+    }
+
+
+def profile_to_json(profile: Profile) -> str:
+    """``profile_to_dict`` as indented JSON text ending in a newline."""
+    return json.dumps(profile_to_dict(profile), indent=2) + "\n"
+
+
+def _check_keys(obj: Any, where: str, required: Sequence[str], source: str) -> dict[str, Any]:
+    """``obj`` as a dict with exactly the ``required`` keys, or ``ValueError`` naming the key."""
+    if not isinstance(obj, dict):
+        raise ValueError(f"{source}: {where or 'top level'}: expected an object")
+    for k in obj:
+        if k not in required:
+            raise ValueError(
+                f"{source}: {where + '.' if where else ''}{k}: unknown key; "
+                f"allowed: {', '.join(required)}"
+            )
+    for k in required:
+        if k not in obj:
+            raise ValueError(f"{source}: {where + '.' if where else ''}{k}: missing")
+    return obj
+
+
+def _number(v: Any, where: str, source: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        raise ValueError(f"{source}: {where}: expected a finite number, got {v!r}")
+    return float(v)
+
+
+def profile_from_dict(data: Mapping[str, Any], source: str = "<profile>") -> Profile:
+    """Parse and validate the on-disk form. Every key is required and unknown keys are
+    errors; every ``ValueError`` starts with ``source`` and names the offending key."""
+    top = _check_keys(dict(data), "", _TOP_KEYS, source)
+    if top["version"] != PROFILE_VERSION or isinstance(top["version"], bool):
+        raise ValueError(
+            f"{source}: version: unsupported {top['version']!r} (this build reads "
+            f"{PROFILE_VERSION})"
+        )
+    for k in ("gpu", "link"):
+        if not isinstance(top[k], str) or not top[k]:
+            raise ValueError(f"{source}: {k}: expected a non-empty string")
+    if not isinstance(top["measured"], bool):
+        raise ValueError(f"{source}: measured: expected true or false")
+    prov = top["provenance"]
+    if not isinstance(prov, dict) or not all(isinstance(v, str) for v in prov.values()):
+        raise ValueError(f"{source}: provenance: expected an object of strings")
+    if "source" not in prov:
+        raise ValueError(f"{source}: provenance.source: missing")
+    links_in = _check_keys(top["links"], "links", BACKENDS, source)
+    links: dict[str, dict[str, LinkParams]] = {}
+    for b in BACKENDS:
+        by_dir = _check_keys(links_in[b], f"links.{b}", DIRECTIONS, source)
+        links[b] = {}
+        for d in DIRECTIONS:
+            where = f"links.{b}.{d}"
+            raw = _check_keys(by_dir[d], where, _LINK_KEYS, source)
+            vals = {k: _number(raw[k], f"{where}.{k}", source) for k in _LINK_KEYS}
+            try:
+                links[b][d] = LinkParams(**vals)
+            except ValueError as e:
+                raise ValueError(f"{source}: {where}.{e}") from None
+    comp = _check_keys(top["compute"], "compute", _COMPUTE_KEYS, source)
+    cvals = {k: _number(comp[k], f"compute.{k}", source) for k in _COMPUTE_KEYS}
+    try:
+        return Profile(
+            gpu=top["gpu"],
+            link_name=top["link"],
+            links=links,
+            measured=top["measured"],
+            provenance=dict(prov),
+            **cvals,
+        )
+    except ValueError as e:
+        raise ValueError(f"{source}: {e}") from None
+
+
+def default_profile_path(gpu: str, link: str) -> Path:
+    """Where the shipped default profile for ``gpu`` + ``link`` lives (it may not exist)."""
+    return PROFILE_DIR / f"{gpu}-{link}-default.json"
+
+
+def measured_profile_path(gpu: str) -> Path:
+    """Where a profile measured on ``gpu`` is committed (``replay``'s device check writes it
+    under this name): ``hicache/profiles/<gpu>-measured.json``. It may not exist."""
+    return PROFILE_DIR / f"{gpu}-measured.json"
+
+
+def shipped_profile_path(gpu: str, link: str) -> Path:
+    """The shipped profile a run on ``gpu`` over ``link`` uses when it names none: the one
+    measured on that GPU when there is one for that link, else the ``-default.json`` estimate
+    (which may not exist either)."""
+    measured = measured_profile_path(gpu)
+    if measured.is_file():
+        try:
+            link_of = json.loads(measured.read_text(encoding="utf-8")).get("link")
+        except (OSError, ValueError, AttributeError):
+            return measured  # unreadable: loading it reports what is wrong with it
+        if link_of == link:
+            return measured
+    return default_profile_path(gpu, link)
+
+
+def shipped_profiles() -> list[str]:
+    """Stems of the profiles shipped in ``hicache/profiles``: ``<gpu>-<link>`` for the defaults,
+    ``<gpu>-measured`` for measured ones."""
+    return sorted(
+        [p.name.removesuffix("-default.json") for p in PROFILE_DIR.glob("*-default.json")]
+        + [p.name.removesuffix(".json") for p in PROFILE_DIR.glob("*-measured.json")]
+    )
+
+
+def load_profile(path: str | Path | None, gpu: str, link: str) -> Profile:
+    """Load a profile for a run on ``gpu`` over ``link``.
+
+    ``path`` None (or ``""``) selects the shipped profile (:func:`shipped_profile_path`):
+    ``hicache/profiles/<gpu>-measured.json`` when one was measured on that GPU over ``link``, else
+    the estimate ``hicache/profiles/<gpu>-<link>-default.json``. The profile's own ``gpu``/``link``
+    must match the run's: constants measured on one machine silently applied to another would
+    be a wrong answer, not a what-if. Every problem (missing file, bad JSON, unknown or
+    missing key, out-of-range value, mismatch) raises ``ValueError`` whose message starts
+    with the file name and names the key.
+    """
+    if path is None or str(path) == "":
+        p = shipped_profile_path(gpu, link)
+        if not p.is_file():
+            raise ValueError(
+                f"{p}: no shipped default profile for gpu {gpu!r} with link {link!r}; shipped: "
+                f"{', '.join(shipped_profiles())} (or give a calibrated profile file)"
+            )
+    else:
+        p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ValueError(f"{p}: cannot read profile: {e.strerror or e}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{p}:{e.lineno}: invalid JSON: {e.msg}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{p}: top level: expected an object")
+    prof = profile_from_dict(data, source=str(p))
+    if prof.gpu != gpu:
+        raise ValueError(f"{p}: gpu: profile is for {prof.gpu!r}, the run uses {gpu!r}")
+    if prof.link_name != link:
+        raise ValueError(f"{p}: link: profile is for {prof.link_name!r}, the run uses {link!r}")
+    return prof
+
+
+def save_profile(profile: Profile, path: str | Path) -> None:
+    """Write ``profile_to_json(profile)`` to ``path`` with the one atomic writer, so a reader
+    never sees half a profile."""
+    write_text_atomic(profile_to_json(profile), path)
