@@ -1,0 +1,68 @@
+"""Run configuration: frozen dataclasses, TOML loading, ``--set`` overrides, validation.
+
+A config has seven sections (``model``, ``gpu``, ``link``, ``cache``, ``scheduler``,
+``workload``, ``run``); a TOML file sets any subset of their keys::
+
+    [model]
+    name = "llama-3-8b"
+    [cache]
+    page_size = 64
+    write_policy = "write_back"
+
+and ``--set cache.page_size=32`` overrides one key, parsed by the key's type. Every key has a
+default, each with the reason for its value. Anything a user can get wrong (unknown section or
+key, wrong type, out-of-range value, unknown preset, a pool that cannot be sized) raises
+:class:`ConfigError` naming ``section.key``, the allowed range or choices, and where the value
+came from (the TOML file or the ``--set`` item).
+
+Standard library only, plus the presets (``hicache.hardware``), the shipped profile names
+(``hicache.latency``) and the policy core's choice lists and host sizing (``hicache.policy``).
+"""
+
+from hicache.config.loading import (
+    config_from_dict,
+    config_to_dict,
+    load_config,
+    with_overrides,
+)
+from hicache.config.sections import (
+    CLOSED_LOOP_MODES,
+    IO_BACKENDS,
+    MEM_LAYOUTS,
+    OUTPUT_MODES,
+    SCHEDULE_POLICIES,
+    SECTIONS,
+    CacheConfig,
+    ConfigError,
+    GpuConfig,
+    LinkConfig,
+    ModelConfig,
+    RunConfig,
+    SchedulerConfig,
+    SimConfig,
+    WorkloadConfig,
+    resolve_pools,
+)
+
+__all__ = [
+    "CLOSED_LOOP_MODES",
+    "IO_BACKENDS",
+    "MEM_LAYOUTS",
+    "OUTPUT_MODES",
+    "SCHEDULE_POLICIES",
+    "SECTIONS",
+    "CacheConfig",
+    "ConfigError",
+    "GpuConfig",
+    "LinkConfig",
+    "ModelConfig",
+    "RunConfig",
+    "SchedulerConfig",
+    "SimConfig",
+    "WorkloadConfig",
+    "config_from_dict",
+    "config_to_dict",
+    "load_config",
+    "resolve_pools",
+    "with_overrides",
+]
