@@ -188,87 +188,81 @@ class Scheduler:
         if not self.waiting and self.chunked is None:
             return None
         p = self.p
-        ps = p.page_size
         if p.max_running_requests and len(self.running) >= p.max_running_requests:
             return None
-        cache, life = self.cache, self.life
         if p.policy == "lpm" and 1 < len(self.waiting) <= p.lpm_max_queue:
             self._sort_lpm()
-        dev_pool = cache.controller.device
-        reserved = self._reserved()
-        offset = 0.0  # what this batch's admissions reserved so far
-
-        def rem_total() -> float:
-            # recomputed each time, as PrefillAdder's property: locks and loads change it
-            return dev_pool.available_size() + cache.evictable_size() - reserved - offset
-
-        rem_input = p.max_prefill_tokens
-        chunking = p.chunked_prefill_size > 0
-        rem_chunk = p.chunked_prefill_size if chunking else 1 << 62
+        budget = _PrefillBudget(self.cache, p, self._reserved())
         batch: list[tuple[SimReq, int, int]] = []
-        clip = p.clip_max_new_tokens
-
         if self.chunked is not None:
-            req = self.chunked
-            left = req.fill_len - req.filled
-            size = min(rem_chunk, left)
-            if size < left:
-                size = size // ps * ps
-            if size > 0:
-                batch.append((req, size, req.filled))
-                offset += size
-                rem_input -= size
-                rem_chunk -= size
-                if size == left:
-                    self.chunked = None
-
-        while self.waiting and rem_total() > 0 and rem_input > 0 and rem_chunk > 0:
+            self._add_chunked(budget, batch)
+        while self.waiting and budget.rem_total() > 0 and budget.rem_input > 0:
+            if budget.rem_chunk <= 0:
+                break
             if p.max_running_requests and len(self.running) + len(batch) >= p.max_running_requests:
                 break
-            req = self.waiting[0]
-            key = self._fill_key(req)
-            m = life.match(key, req.fill_len)
-            dev = m.device_hit_length
-            extend = req.fill_len - dev
-            total = extend + min(req.output_length - req.decoded, clip) + ps
-            if total >= rem_total():
-                break  # NO_TOKEN
-            if not chunking and batch and extend - m.host_hit_length >= rem_input:
-                break  # OTHER
-            life.hold(m.last_device_node)  # temporary lock, as PrefillAdder does
-            if total >= rem_total():  # locking shrank the evictable pool
-                life.release(m.last_device_node)
-                break
-            prefix, last = life.load_back(m)
-            loaded = (len(prefix) - m.device_pages) * ps
-            cached = len(prefix) * ps
-            extend = req.fill_len - cached
-            size = extend if extend <= rem_chunk else rem_chunk // ps * ps
-            if size <= 0:
-                # SGLang returns OTHER here: the request stays queued (a load it started stays
-                # in the tree, pinned until its ack)
-                life.release(m.last_device_node)
-                break
-            kv = life.lock(key, prefix, last)  # the request's own lock
-            life.release(m.last_device_node)
-            self.waiting.popleft()
-            if req.device_hit < 0:  # first admission: what the user sees as cached
-                req.device_hit = dev
-                req.host_hit = loaded
-                req.host_hit_recomputed = m.host_hit_length - loaded
-                req.admitted = self.env.now
-            req.kv = kv
-            req.filled = cached
-            batch.append((req, size, cached))
-            rem_input -= size
-            rem_chunk -= size
-            if size == extend:
-                offset += extend + min(req.output_length - req.decoded, clip) + ps
-            else:  # truncated: the rest comes in later chunks; only the chunk is reserved
-                offset += size
-                self.chunked = req
+            if not self._add_waiting(budget, batch):
                 break
         return batch or None
+
+    def _add_chunked(self, budget: _PrefillBudget, batch: list[tuple[SimReq, int, int]]) -> None:
+        """The next chunk of the request being prefilled in chunks goes first."""
+        req = self.chunked
+        assert req is not None
+        left = req.fill_len - req.filled
+        size = min(budget.rem_chunk, left)
+        if size < left:
+            size = size // self.p.page_size * self.p.page_size
+        if size > 0:
+            batch.append((req, size, req.filled))
+            budget.take(size, size)
+            if size == left:
+                self.chunked = None
+
+    def _add_waiting(self, budget: _PrefillBudget, batch: list[tuple[SimReq, int, int]]) -> bool:
+        """Try to admit the head of the queue (PrefillAdder.add_one_req); False stops the batch."""
+        life, ps = self.life, self.p.page_size
+        req = self.waiting[0]
+        key = self._fill_key(req)
+        m = life.match(key, req.fill_len)
+        dev = m.device_hit_length
+        extend = req.fill_len - dev
+        total = extend + budget.new_tokens(req) + ps
+        if total >= budget.rem_total():
+            return False  # NO_TOKEN
+        if not budget.chunking and batch and extend - m.host_hit_length >= budget.rem_input:
+            return False  # OTHER
+        life.hold(m.last_device_node)  # temporary lock, as PrefillAdder does
+        if total >= budget.rem_total():  # locking shrank the evictable pool
+            life.release(m.last_device_node)
+            return False
+        prefix, last = life.load_back(m)
+        loaded = (len(prefix) - m.device_pages) * ps
+        cached = len(prefix) * ps
+        extend = req.fill_len - cached
+        size = extend if extend <= budget.rem_chunk else budget.rem_chunk // ps * ps
+        if size <= 0:
+            # SGLang returns OTHER here: the request stays queued (a load it started stays in
+            # the tree, pinned until its ack)
+            life.release(m.last_device_node)
+            return False
+        kv = life.lock(key, prefix, last)  # the request's own lock
+        life.release(m.last_device_node)
+        self.waiting.popleft()
+        if req.device_hit < 0:  # first admission: what the user sees as cached
+            req.device_hit = dev
+            req.host_hit = loaded
+            req.host_hit_recomputed = m.host_hit_length - loaded
+            req.admitted = self.env.now
+        req.kv = kv
+        req.filled = cached
+        batch.append((req, size, cached))
+        if size == extend:
+            budget.take(size, extend + budget.new_tokens(req) + ps)
+            return True
+        budget.take(size, size)  # truncated: later chunks bring the rest; only this is reserved
+        self.chunked = req
+        return False
 
     def _sort_lpm(self) -> None:
         """Longest prefix match first (stable). Matching every waiting request touches and may
@@ -417,3 +411,35 @@ class Scheduler:
         self.life.finish(req.kv, req.prompt, req.out_symbols, req.kv_tokens)
         req.kv = None
         self.on_finish(req)
+
+
+class _PrefillBudget:
+    """SGLang's PrefillAdder budgets for one batch: ``rem_total`` (free + evictable device
+    tokens less the running requests' reservations and this batch's), ``rem_input``
+    (``max_prefill_tokens``) and ``rem_chunk`` (``chunked_prefill_size``)."""
+
+    __slots__ = ("cache", "chunking", "clip", "dev", "offset", "rem_chunk", "rem_input", "reserved")
+
+    def __init__(self, cache: HiRadixCache, p: SchedulerParams, reserved: float) -> None:
+        self.cache = cache
+        self.dev = cache.controller.device
+        self.reserved = reserved  # the running requests' remaining outputs x new_token_ratio
+        self.offset = 0.0  # what this batch's admissions reserved so far
+        self.rem_input = p.max_prefill_tokens
+        self.chunking = p.chunked_prefill_size > 0
+        self.rem_chunk = p.chunked_prefill_size if self.chunking else 1 << 62
+        self.clip = p.clip_max_new_tokens
+
+    def rem_total(self) -> float:
+        # recomputed each time, as PrefillAdder's property: locks and loads change it
+        return self.dev.available_size() + self.cache.evictable_size() - self.reserved - self.offset
+
+    def new_tokens(self, req: SimReq) -> int:
+        """Output tokens a request may still need, clipped (``clip_max_new_tokens``)."""
+        return min(req.output_length - req.decoded, self.clip)
+
+    def take(self, size: int, reserve: float) -> None:
+        """Admit ``size`` tokens of prefill that reserve ``reserve`` device tokens."""
+        self.offset += reserve
+        self.rem_input -= size
+        self.rem_chunk -= size
