@@ -1,382 +1,35 @@
-"""``hicache-sim``: the command line.
+"""``hicache-sim``: the command line, one argparse tree assembled from the command modules.
 
-User errors (bad arguments, unreadable or malformed traces) print one line and exit 2; a
-traceback means a bug. Heavy modules are imported inside the commands, so ``--help`` stays fast
-and works without torch.
+=============  ==========================================================
+``run``        timed simulation of one config (:mod:`cli.run`)
+``hitrate``    cache-only hit-rate grid (:mod:`cli.run`)
+``demo``       the demo job (:mod:`cli.run`)
+``sweep``      a grid of timed runs (:mod:`cli.sweep`)
+``report``     HTML/PDF report of runs and sweeps (:mod:`cli.report`)
+``trace``      inspect, convert, generate, validate traces (:mod:`cli.traces`)
+``replay``     real copies with torch (:mod:`cli.replay`)
+=============  ==========================================================
+
+User errors (bad arguments, unreadable or malformed inputs) print one line and exit 2 (see
+:mod:`cli.errors`); a traceback means a bug. Heavy modules are imported inside the commands, so
+``--help`` stays fast and works without torch.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
-from typing import Any
 
-EXIT_USER_ERROR = 2
-REPO_DATA = Path(__file__).resolve().parent.parent / "traces" / "data"
+from cli.errors import EXIT_USER_ERROR, UserError, run_command
 
-
-class UserError(Exception):
-    """An error the user can fix; printed as one line, exit code 2."""
-
-
-def _int_list(text: str) -> list[int]:
-    try:
-        out = [int(float(x)) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers, got {text!r}"
-        ) from None
-    if not out:
-        raise argparse.ArgumentTypeError("expected at least one value")
-    return out
-
-
-def _str_list(text: str) -> list[str]:
-    return [x.strip() for x in text.split(",") if x.strip()]
-
-
-def _add_hitrate(sub: Any) -> None:
-    from hicache.policy import WRITE_POLICIES
-    from sim.hitrate import EVICTIONS, OUTPUT_MODES
-
-    p = sub.add_parser(
-        "hitrate",
-        help="cache-only replay: hit rate vs capacity for every policy",
-        description="Replay a trace through the HiCache policy core one request at a time (no "
-        "timing) and report hit rates per configuration. Lists are comma-separated; "
-        "every combination runs.",
-    )
-    p.add_argument("trace", type=Path)
-    p.add_argument("--device-tokens", type=_int_list, required=True, metavar="N[,N...]")
-    host = p.add_mutually_exclusive_group()
-    host.add_argument(
-        "--host-tokens", type=_int_list, metavar="M[,M...]", help="host pool; 0 = no host tier"
-    )
-    host.add_argument(
-        "--hicache-ratio",
-        type=float,
-        help="host pool = device × ratio, sized as SGLang does (one extra page); default 2",
-    )
-    p.add_argument("--page-size", type=int, default=64, help="tokens per page (default 64)")
-    p.add_argument(
-        "--eviction", type=_str_list, default=["lru"], help=f"one or more of {', '.join(EVICTIONS)}"
-    )
-    p.add_argument(
-        "--write-policy",
-        type=_str_list,
-        default=["write_through"],
-        help=f"one or more of {', '.join(WRITE_POLICIES)}",
-    )
-    p.add_argument("--outputs", choices=OUTPUT_MODES, default="cache")
-    p.add_argument("--jobs", type=int, default=0, help="worker processes (default: all cores)")
-    p.add_argument("--csv", type=Path, help="write the table as CSV")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.add_argument("--plot", type=Path, help="write hit rate vs capacity (PNG/SVG/PDF)")
-    p.set_defaults(func=_cmd_hitrate)
-
-
-def _hitrate_configs(args: argparse.Namespace) -> list[Any]:
-    from hicache.policy import host_pool_tokens
-    from sim.hitrate import HitRateConfig
-
-    configs = []
-    for ev in args.eviction:
-        for wp in args.write_policy:
-            for dev in args.device_tokens:
-                if args.host_tokens is not None:
-                    hosts = args.host_tokens
-                else:
-                    ratio = 2.0 if args.hicache_ratio is None else args.hicache_ratio
-                    try:
-                        hosts = [host_pool_tokens(dev, args.page_size, hicache_ratio=ratio)]
-                    except ValueError as e:
-                        raise UserError(str(e)) from None
-                for host in hosts:
-                    configs.append(
-                        HitRateConfig(
-                            device_tokens=dev,
-                            host_tokens=host,
-                            page_size=args.page_size,
-                            eviction=ev,
-                            write_policy=wp,
-                            outputs=args.outputs,
-                        )
-                    )
-    for cfg in configs:
-        try:
-            cfg.validate()
-        except ValueError as e:
-            raise UserError(str(e)) from None
-    return configs
-
-
-def _load_trace(path: Path) -> Any:
-    from traces.io import read_trace
-    from traces.schema import TraceError
-
-    try:
-        return read_trace(path)
-    except TraceError as e:
-        raise UserError(str(e)) from None
-    except OSError as e:
-        raise UserError(f"{path}: cannot read trace: {e.strerror or e}") from None
-
-
-def _cmd_hitrate(args: argparse.Namespace) -> int:
-    from sim.hitrate import run_grid
-    from traces.stats import infinite_capacity_hit_rate
-
-    configs = _hitrate_configs(args)
-    trace = _load_trace(args.trace)
-    try:
-        inf = infinite_capacity_hit_rate(trace, args.page_size)
-    except ValueError as e:
-        raise UserError(f"{args.trace}: {e}") from None
-    rows = run_grid(trace, configs, jobs=args.jobs)
-    for r in rows:
-        r["infinite_capacity_hit_rate"] = inf
-    if args.csv:
-        _write_csv(rows, args.csv)
-    if args.plot:
-        from studies.plots import plot_hitrate
-
-        plot_hitrate(rows, args.plot, title=f"{args.trace.name} (page {args.page_size})")
-    if args.json:
-        print(json.dumps({"trace": str(args.trace), "rows": rows}, indent=1))
-    else:
-        print(format_hitrate_table(rows, inf, len(trace)))
-    return 0
-
-
-def _write_csv(rows: list[dict[str, Any]], path: Path) -> None:
-    import csv
-    import os
-    import tempfile
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(fd, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    os.chmod(tmp, 0o644)  # mkstemp creates 0600; outputs are meant to be shared
-    os.replace(tmp, path)
-
-
-def format_hitrate_table(rows: list[dict[str, Any]], inf: float, n_requests: int) -> str:
-    head = (
-        f"{'eviction':>8} {'write_policy':>23} {'device':>11} {'host':>11} "
-        f"{'hit':>6} {'device':>6} {'host':>6} {'written':>12} {'loaded':>12} {'dev_evict':>12} "
-        f"{'host_evict':>12} {'h_fail':>6}"
-    )
-    lines = [
-        f"{n_requests} requests; infinite-capacity hit rate {inf:.2%} (the best any policy can do)",
-        head,
-    ]
-    for r in rows:
-        lines.append(
-            f"{r['eviction']:>8} {r['write_policy']:>23} {r['device_tokens']:>11,} "
-            f"{r['host_tokens']:>11,} {r['hit_rate']:>6.2%} {r['device_hit_rate']:>6.2%} "
-            f"{r['host_hit_rate']:>6.2%} {r['tokens_written']:>12,} {r['tokens_loaded']:>12,} "
-            f"{r['device_evicted_tokens']:>12,} {r['host_evicted_tokens']:>12,} "
-            f"{r['host_alloc_failures']:>6}"
-        )
-    return "\n".join(lines)
-
-
-def _add_run(sub: Any) -> None:
-    p = sub.add_parser(
-        "run",
-        help="timed simulation (SimPy): HBM, DRAM and PCIe under an SGLang-like scheduler",
-        description="Simulate a trace through the HiCache policy core with timing: prefill and "
-        "decode compute, layer-wise loads, write-through copies, queueing. Writes a run "
-        "directory (config.json, summary.json, requests/timeline/transfers.parquet).",
-    )
-    p.add_argument("trace", type=Path)
-    p.add_argument(
-        "--config", type=Path, help="TOML config file (sections as in hicache/config.py)"
-    )
-    p.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-        help="override one config value (repeatable), e.g. --set cache.write_policy=write_back",
-    )  # fmt: skip
-    p.add_argument("--profile", type=Path, help="latency profile JSON (default: shipped one)")
-    p.add_argument("--out", type=Path, required=True, help="run directory to write")
-    p.add_argument("--seed", type=int, help="run.seed (the simulator itself is deterministic)")
-    p.add_argument("--force", action="store_true", help="overwrite an existing run directory")
-    p.set_defaults(func=_cmd_run)
-
-
-def _resolve_config(args: argparse.Namespace) -> Any:
-    from hicache.config import ConfigError, load_config
-
-    overrides = list(args.overrides)
-    if args.profile is not None:
-        overrides.append(f"run.profile={args.profile}")
-    if args.seed is not None:
-        overrides.append(f"run.seed={args.seed}")
-    try:
-        return load_config(args.config, overrides)
-    except ConfigError as e:
-        raise UserError(str(e)) from None
-    except OSError as e:
-        raise UserError(f"{args.config}: cannot read config: {e.strerror or e}") from None
-
-
-def _check_out_dir(out: Path, force: bool) -> None:
-    if out.exists() and any(out.iterdir()) and not force:
-        raise UserError(
-            f"{out}: run directory exists and is not empty (use --force to overwrite, or a new "
-            "--out)"
-        )
-
-
-def _cmd_run(args: argparse.Namespace) -> int:
-    from sim.engine import run_simulation
-
-    cfg = _resolve_config(args)
-    _check_out_dir(args.out, args.force)
-    trace = _load_trace(args.trace)
-    try:
-        summary = run_simulation(cfg, trace, args.out)
-    except ValueError as e:  # e.g. page size not dividing the trace's block size
-        raise UserError(f"{args.trace}: {e}") from None
-    print(format_summary(summary))
-    print(f"run directory: {args.out}")
-    return 0
-
-
-def format_summary(s: dict[str, Any]) -> str:
-    return (
-        f"requests {s['requests']:,} ({s['rejected_requests']} rejected)  "
-        f"simulated {s['sim_duration_s']:.1f} s in {s['wall_time_s']:.1f} s\n"
-        f"hit rate {s['hit_rate']:.2%} (device {s['device_hit_rate']:.2%}, host "
-        f"{s['host_hit_rate']:.2%})\n"
-        f"TTFT mean {s['ttft_mean_s'] * 1e3:.1f} ms  p50 {s['ttft_p50_s'] * 1e3:.1f}  "
-        f"p90 {s['ttft_p90_s'] * 1e3:.1f}  p99 {s['ttft_p99_s'] * 1e3:.1f} ms\n"
-        f"TPOT mean {s['tpot_mean_s'] * 1e3:.2f} ms  E2E mean {s['e2e_mean_s']:.2f} s  "
-        f"output {s['throughput_output_tok_s']:.0f} tok/s\n"
-        f"PCIe D2H {s['bytes_d2h'] / 1e9:.1f} GB  H2D {s['bytes_h2d'] / 1e9:.1f} GB  "
-        f"retractions {s['retractions']}"
-    )
-
-
-DEMO_SETUPS = (
-    ("write_through", ["cache.write_policy=write_through"]),
-    ("write_through_selective", ["cache.write_policy=write_through_selective"]),
-    ("write_back", ["cache.write_policy=write_back"]),
-    ("no host tier", ["cache.enable_host=false"]),
-)
-# one H100 cannot keep up with the trace's full rate (Mooncake served it with a cluster): at a
-# quarter of the rate the queue stays bounded, so policy effects are visible in TTFT
-DEMO_RATE_SCALE = 0.25
-
-
-def _add_demo(sub: Any) -> None:
-    p = sub.add_parser(
-        "demo",
-        help="the demo job: write policies on the bundled Mooncake trace",
-        description="Timed simulation of write_through, write_through_selective, write_back "
-        "and no host tier (defaults: llama-3-8b, h100-sxm, pcie5-x16, page 64, LRU) over the "
-        f"bundled Mooncake conversation trace at {DEMO_RATE_SCALE}x its rate, plus a "
-        "cache-only hit-rate-vs-capacity study; writes run directories, a CSV, a plot and a "
-        "Markdown report.",
-    )
-    p.add_argument("--out", type=Path, default=Path("runs/demo"))
-    p.add_argument("--trace", type=Path, default=REPO_DATA / "mooncake/conversation_trace.jsonl")
-    p.add_argument("--jobs", type=int, default=0)
-    p.set_defaults(func=_cmd_demo)
-
-
-def _demo_run(job: tuple[str, list[str], str, str]) -> dict[str, Any]:
-    from hicache.config import load_config
-    from sim.engine import run_simulation
-
-    name, overrides, trace_path, out = job
-    cfg = load_config(None, [*overrides, f"workload.rate_scale={DEMO_RATE_SCALE}"])
-    summary = run_simulation(cfg, _load_trace(Path(trace_path)), Path(out), progress=False)
-    return {"setup": name, **summary}
-
-
-def format_comparison(rows: list[dict[str, Any]]) -> str:
-    head = (
-        f"{'setup':>24} {'hit':>7} {'device':>7} {'host':>7} {'TTFT mean':>10} {'p50':>8} "
-        f"{'p90':>8} {'p99':>8} {'TPOT':>7} {'D2H GB':>9} {'H2D GB':>8}"
-    )
-    lines = [head]
-    for r in rows:
-        lines.append(
-            f"{r['setup']:>24} {r['hit_rate']:>7.2%} {r['device_hit_rate']:>7.2%} "
-            f"{r['host_hit_rate']:>7.2%} {r['ttft_mean_s']:>9.2f}s {r['ttft_p50_s']:>7.2f}s "
-            f"{r['ttft_p90_s']:>7.2f}s {r['ttft_p99_s']:>7.2f}s {r['tpot_mean_s'] * 1e3:>5.1f}ms "
-            f"{r['bytes_d2h'] / 1e9:>9.0f} {r['bytes_h2d'] / 1e9:>8.0f}"
-        )
-    return "\n".join(lines)
-
-
-def _cmd_demo(args: argparse.Namespace) -> int:
-    import multiprocessing as mp
-    import os
-    from concurrent.futures import ProcessPoolExecutor
-
-    from hicache.policy import host_pool_tokens
-    from sim.hitrate import HitRateConfig, run_grid
-    from studies.plots import plot_hitrate
-    from traces.stats import infinite_capacity_hit_rate
-
-    args.out.mkdir(parents=True, exist_ok=True)
-    trace = _load_trace(args.trace)
-    jobs = [
-        (name, ov, str(args.trace), str(args.out / "runs" / name.replace(" ", "_")))
-        for name, ov in DEMO_SETUPS
-    ]
-    workers = min(len(jobs), args.jobs or os.cpu_count() or 1)
-    print(f"timed runs: {len(jobs)} setups over {len(trace):,} requests ({workers} processes)")
-    with ProcessPoolExecutor(workers, mp_context=mp.get_context("fork")) as ex:
-        timed = list(ex.map(_demo_run, jobs))
-    comparison = format_comparison(timed)
-    _write_csv(timed, args.out / "comparison.csv")
-    print(comparison)
-
-    page = 64
-    configs = []
-    for dev in (1_000_000, 4_000_000, 16_000_000):
-        host = host_pool_tokens(dev, page, hicache_ratio=2.0)
-        for wp in ("write_through", "write_through_selective", "write_back"):
-            configs.append(HitRateConfig(dev, host, page, "lru", wp))
-        configs.append(HitRateConfig(dev, 0, page, "lru", "write_through"))
-    rows = run_grid(trace, configs, jobs=args.jobs)
-    inf = infinite_capacity_hit_rate(trace, page)
-    for r in rows:
-        r["infinite_capacity_hit_rate"] = inf
-        r["policy"] = r["write_policy"] if r["host_tokens"] else "no host tier"
-    _write_csv(rows, args.out / "hitrate.csv")
-    plot_hitrate(rows, args.out / "hitrate.png", title=f"{args.trace.name} (page {page}, LRU)",
-                 series="policy")  # fmt: skip
-    table = format_hitrate_table(rows, inf, len(trace))
-    report = args.out / "report.md"
-    report.write_text(
-        "# hicache-sim demo: write policies on the Mooncake conversation trace\n\n"
-        "## Timed simulation\n\n"
-        f"llama-3-8b on one h100-sxm over pcie5-x16, page 64, LRU, host pool 2 x device "
-        f"(SGLang defaults); the trace at {DEMO_RATE_SCALE} x its recorded rate. Latencies come "
-        "from the shipped, unmeasured default profile. Run directories are under `runs/`.\n\n"
-        f"```\n{comparison}\n```\n\n"
-        "## Hit rate vs device capacity (cache-only replay)\n\n"
-        "Each request matched, loaded back and inserted one at a time (no timing).\n\n"
-        f"![hit rate vs capacity](hitrate.png)\n\n```\n{table}\n```\n"
-    )
-    from studies.report import build_report
-
-    html = build_report([Path(j[3]) for j in jobs], args.out / "report.html")
-    print(f"\nreport: {html}  (also report.md, comparison.csv, hitrate.csv, hitrate.png, runs/)")
-    return 0
+__all__ = ["EXIT_USER_ERROR", "UserError", "build_parser", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The whole ``hicache-sim`` parser; each parsed command has ``func`` (and may have
+    ``user_errors`` / ``error_prefix``, see :func:`cli.errors.run_command`)."""
+    from cli import replay, report, run, sweep, traces
     from hicache import __version__
 
     parser = argparse.ArgumentParser(
@@ -386,34 +39,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"hicache-sim {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    _add_run(sub)
-    _add_hitrate(sub)
-    _add_demo(sub)
-    from cli.report import register as register_report
-    from cli.sweep import register as register_sweep
-    from cli.traces import register as register_trace
-
-    register_sweep(sub)
-    register_report(sub)
-    register_trace(sub)
+    run.register(sub)
+    sweep.register(sub)
+    report.register(sub)
+    traces.register(sub)
     # replay needs torch (the `replay` extra); its module imports torch only inside commands
-    from cli.replay import register as register_replay
-
-    register_replay(sub)
+    replay.register(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        return int(args.func(args))
-    except UserError as e:
-        print(f"hicache-sim: {e}", file=sys.stderr)
-        return EXIT_USER_ERROR
-    except KeyboardInterrupt:
-        print("hicache-sim: interrupted", file=sys.stderr)
-        return 130
+    """Parse ``argv`` (default: the process's arguments), run the command, return its exit
+    code; the one place a user error is printed (:func:`cli.errors.run_command`)."""
+    args = build_parser().parse_args(argv)
+    return run_command(args)
 
 
 if __name__ == "__main__":

@@ -3,8 +3,10 @@
 :func:`register` adds the ``replay`` command to ``hicache-sim``'s sub-parsers; :func:`main` runs
 the same steps standalone (``python -m cli.replay bench ...``). Nothing heavy is imported until
 a step runs, and torch only by the steps that copy (``calibrate`` needs numpy and pandas only).
-User errors (torch missing, ``--device cuda`` without CUDA, bad files or values) print one line
-and return 2.
+User errors (torch missing, ``--device cuda`` without CUDA, bad files or values) are
+:class:`cli.errors.UserError` or, for config, trace, profile and size errors, ``ValueError`` /
+``OSError``: :func:`cli.errors.run_command` prints them as one line
+``hicache-sim replay: <message>`` and returns 2.
 """
 
 from __future__ import annotations
@@ -13,16 +15,15 @@ import argparse
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-EXIT_USER_ERROR = 2
+from cli.errors import UserError, run_command, value_and_os_errors
+
 GiB = 1 << 30
-
-
-class UserError(Exception):
-    """Printed as one line; exit code 2."""
+#: How this command's user errors start (``run_command`` adds ": <message>").
+ERROR_PREFIX = "hicache-sim replay"
 
 
 def _need_torch() -> None:
@@ -58,22 +59,6 @@ def _check_out(out: Path, force: bool) -> None:
         raise UserError(
             f"{out}: exists and is not empty (use --force to overwrite, or a new --out)"
         )
-
-
-def _guard(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    def run(args: argparse.Namespace) -> int:
-        try:
-            return fn(args)
-        except UserError as e:
-            print(f"hicache-sim replay: {e}", file=sys.stderr)
-            return EXIT_USER_ERROR
-        except (ValueError, OSError) as e:
-            # config, trace, profile and size errors are ValueErrors that name what is wrong
-            msg = f"{e.filename}: {e.strerror}" if isinstance(e, OSError) and e.filename else e
-            print(f"hicache-sim replay: {msg}", file=sys.stderr)
-            return EXIT_USER_ERROR
-
-    return run
 
 
 def _flush_bytes(mib: float) -> int:
@@ -259,19 +244,28 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------------------- argparse ----
 def add_steps(p: argparse.ArgumentParser) -> None:
-    """Add the ``bench`` / ``calibrate`` / ``run`` sub-commands to ``p``."""
+    """Add the ``bench`` / ``calibrate`` / ``run`` sub-commands to ``p``; config, trace,
+    profile and size errors (``ValueError``, ``OSError``) are user errors of every step."""
+    p.set_defaults(user_errors=value_and_os_errors, error_prefix=ERROR_PREFIX)
     sub = p.add_subparsers(dest="replay_step", metavar="STEP")
     sub.required = True
-    dev_help = "where to copy: cuda, cpu, or auto (cuda when available; default)"
-    # the CPU side of an op (the kernel backend's host gathers/scatters) is one issuing thread
-    # in a server; torch's parallel CPU index ops were measured 10-20x slower on large rows
-    # with 2 threads than with 1, and OpenMP workers make timings erratic on a shared box
-    threads_help = "torch intra-op threads for the CPU side of the ops (default 1)"
-    flush_help = (
-        "scratch MiB overwritten before each timed op (bench) or where a forward pass would "
-        "run (replay), so ops meet cold caches as in serving (default 64; 0 = off)"
-    )
+    _add_bench(sub)
+    _add_calibrate(sub)
+    _add_run(sub)
 
+
+_DEV_HELP = "where to copy: cuda, cpu, or auto (cuda when available; default)"
+# the CPU side of an op (the kernel backend's host gathers/scatters) is one issuing thread
+# in a server; torch's parallel CPU index ops were measured 10-20x slower on large rows
+# with 2 threads than with 1, and OpenMP workers make timings erratic on a shared box
+_THREADS_HELP = "torch intra-op threads for the CPU side of the ops (default 1)"
+_FLUSH_HELP = (
+    "scratch MiB overwritten before each timed op (bench) or where a forward pass would "
+    "run (replay), so ops meet cold caches as in serving (default 64; 0 = off)"
+)
+
+
+def _add_bench(sub: Any) -> None:
     b = sub.add_parser(
         "bench",
         help="copy microbenchmarks (sizes, directions, both at once, fragmentation, backends)",
@@ -279,7 +273,7 @@ def add_steps(p: argparse.ArgumentParser) -> None:
         "both directions at once, and HiCache writes/loads through both IO backends, "
         "contiguous and fragmented. Writes bench.parquet, bench.csv and meta.json.",
     )
-    b.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"), help=dev_help)
+    b.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"), help=_DEV_HELP)
     b.add_argument("--out", type=Path, required=True, help="output folder")
     b.add_argument("--model", default="llama-3-8b", help="page geometry of this model preset")
     b.add_argument("--tp", type=int, default=1)
@@ -289,11 +283,13 @@ def add_steps(p: argparse.ArgumentParser) -> None:
     b.add_argument("--no-pageable", action="store_true", help="skip the pageable-memory sweep")
     b.add_argument("--backends", type=_csv, help="direct,kernel (default both)")
     b.add_argument("--max-size-mib", type=float, help="cap copy and op sizes (MiB)")
-    b.add_argument("--threads", type=int, default=1, help=threads_help)
-    b.add_argument("--flush-mib", type=float, help=flush_help)
+    b.add_argument("--threads", type=int, default=1, help=_THREADS_HELP)
+    b.add_argument("--flush-mib", type=float, help=_FLUSH_HELP)
     b.add_argument("--force", action="store_true", help="overwrite a non-empty --out")
-    b.set_defaults(func=_guard(_cmd_bench))
+    b.set_defaults(func=_cmd_bench)
 
+
+def _add_calibrate(sub: Any) -> None:
     c = sub.add_parser(
         "calibrate",
         help="fit the latency model to a bench (and replay runs) -> profile JSON",
@@ -311,8 +307,10 @@ def add_steps(p: argparse.ArgumentParser) -> None:
         choices=("page_first", "layer_first"),
         help="host layout whose kernel ops to fit (default page_first if measured)",
     )
-    c.set_defaults(func=_guard(_cmd_calibrate))
+    c.set_defaults(func=_cmd_calibrate)
 
+
+def _add_run(sub: Any) -> None:
     r = sub.add_parser(
         "run",
         help="replay a trace with real copies; measured vs predicted per op",
@@ -321,7 +319,7 @@ def add_steps(p: argparse.ArgumentParser) -> None:
         "latency model. Pools are scaled to fit the memory budgets (the notes say how).",
     )
     r.add_argument("trace", type=Path)
-    r.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"), help=dev_help)
+    r.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"), help=_DEV_HELP)
     r.add_argument("--profile", type=Path, help="latency profile JSON (default: shipped one)")
     r.add_argument("--out", type=Path, required=True, help="run folder to write")
     r.add_argument("--config", type=Path, help="TOML config (as hicache-sim run)")
@@ -349,10 +347,10 @@ def add_steps(p: argparse.ArgumentParser) -> None:
     r.add_argument("--layers", type=int, help="override the model's layer count (shrinks ops)")
     r.add_argument("--token-layer-bytes", type=int, help="override KV bytes per token per layer")
     r.add_argument("--verify", action="store_true", help="check every loaded page's bytes")
-    r.add_argument("--threads", type=int, default=1, help=threads_help)
-    r.add_argument("--flush-mib", type=float, help=flush_help)
+    r.add_argument("--threads", type=int, default=1, help=_THREADS_HELP)
+    r.add_argument("--flush-mib", type=float, help=_FLUSH_HELP)
     r.add_argument("--force", action="store_true", help="overwrite a non-empty --out")
-    r.set_defaults(func=_guard(_cmd_run))
+    r.set_defaults(func=_cmd_run)
 
 
 def register(subparsers: Any) -> None:
@@ -372,7 +370,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="hicache-sim replay")
     add_steps(parser)
     args = parser.parse_args(argv)
-    return int(args.func(args))
+    return run_command(args)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cli.errors import run_command, value_errors
 from studies.sweep import EXECUTORS, run_sweep
 
 if TYPE_CHECKING:
@@ -19,7 +20,8 @@ if TYPE_CHECKING:
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``sweep`` command to an argparse sub-parsers object (``func`` returns an exit
-    code: 0 all jobs ok, 1 some failed, 2 a user error, printed as one line)."""
+    code: 0 all jobs ok, 1 some failed; a grid or argument error, a ``ValueError``, is a user
+    error for :func:`cli.errors.run_command`: one line, exit code 2)."""
     p: argparse.ArgumentParser = subparsers.add_parser(
         "sweep",
         help="run a grid of configurations (cross product of axes) as resumable jobs",
@@ -43,19 +45,15 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         help="local process pool (default) or Ray (needs the 'cluster' extra)",
     )
     p.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
-    p.set_defaults(func=_cmd_sweep)
+    p.set_defaults(func=_cmd_sweep, user_errors=value_errors)
     return p
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
-    try:
-        df = run_sweep(
-            args.grid, args.out, jobs=args.jobs, executor=args.executor, address=args.address
-        )
-    except ValueError as e:  # ConfigError is a ValueError
-        print(f"hicache-sim: {e}", file=sys.stderr)
-        return 2
+    df = run_sweep(
+        args.grid, args.out, jobs=args.jobs, executor=args.executor, address=args.address
+    )
     print(format_results(df, time.perf_counter() - t0, args.out))
     return 1 if (df["status"] != "ok").any() else 0
 
@@ -95,11 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.required = True
     register(sub)
     args = parser.parse_args(["sweep", *(sys.argv[1:] if argv is None else argv)])
-    try:
-        return int(args.func(args))
-    except KeyboardInterrupt:
-        print("hicache-sim: interrupted", file=sys.stderr)
-        return 130
+    return run_command(args)
 
 
 if __name__ == "__main__":

@@ -2,8 +2,9 @@
 
 `register(subparsers)` adds the ``trace`` command to a parent argparse parser (its
 ``func`` default is `run`); `main(argv)` runs it stand-alone (``python -m cli.traces``).
-User errors (bad files, bad parameters) print one line to stderr and give exit code 2;
-tracebacks are for bugs only.
+User errors (bad files, bad parameters: `TraceError`, `OSError`, `ValueError`) are printed by
+:func:`cli.errors.run_command` as one line in the reader's ``path:line: field: problem`` form
+(no program prefix) and give exit code 2; tracebacks are for bugs only.
 """
 
 from __future__ import annotations
@@ -17,9 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from cli.errors import run_command
 from traces.schema import DEFAULT_BLOCK_SIZE, Trace, TraceError
-
-EXIT_USER_ERROR = 2
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -32,19 +32,12 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "(JSONL, JSONL.gz, Parquet; see traces/README.md).",
     )
     _add_subcommands(parser)
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=run, user_errors=user_error, error_prefix="")
     return parser
 
 
 def _add_subcommands(parser: argparse.ArgumentParser) -> None:
     from traces.convert import SOURCE_FORMATS
-    from traces.generate import (
-        DISTRIBUTIONS,
-        GENERATOR_SUMMARY,
-        GENERATORS,
-        PARAM_HELP,
-        generator_params,
-    )
 
     sub = parser.add_subparsers(dest="trace_command", metavar="COMMAND")
     sub.required = True
@@ -85,7 +78,18 @@ def _add_subcommands(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--lenient", action="store_true", help="skip bad lines (and count them)")
     p.add_argument("--json", action="store_true", help="print a JSON summary")
 
-    p = sub.add_parser("gen", help="generate a synthetic trace")
+    _add_gen(sub.add_parser("gen", help="generate a synthetic trace"))
+
+
+def _add_gen(p: argparse.ArgumentParser) -> None:
+    from traces.generate import (
+        DISTRIBUTIONS,
+        GENERATOR_SUMMARY,
+        GENERATORS,
+        PARAM_HELP,
+        generator_params,
+    )
+
     kinds = p.add_subparsers(dest="kind", metavar="KIND")
     kinds.required = True
     for kind, fn in GENERATORS.items():
@@ -126,12 +130,21 @@ def build_parser() -> argparse.ArgumentParser:
         description="Inspect, convert, generate and validate request traces.",
     )
     _add_subcommands(parser)
+    parser.set_defaults(func=run, user_errors=user_error, error_prefix="")
     return parser
 
 
-def _error(message: str) -> int:
-    print(message, file=sys.stderr)
-    return EXIT_USER_ERROR
+def user_error(err: Exception, args: argparse.Namespace) -> str | None:
+    """The one-line message of a user error of a ``trace`` command (None: not one, a bug)."""
+    if isinstance(err, TraceError):
+        return str(err)
+    if isinstance(err, OSError):
+        where = err.filename if err.filename is not None else "trace"
+        return f"{where}:0: file: {err.strerror or err}"
+    if isinstance(err, ValueError):
+        # parameter errors from generators, keys (page size) and converters
+        return f"trace {args.trace_command}: {err}"
+    return None
 
 
 def _report_skips(trace: Trace) -> None:
@@ -140,20 +153,12 @@ def _report_skips(trace: Trace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run a parsed ``trace`` command; returns the exit code (0 ok, 2 user error)."""
-    try:
-        with warnings.catch_warnings():
-            # Lenient reads warn; the CLI prints its own one-line summary instead.
-            warnings.simplefilter("ignore")
-            return _dispatch(args)
-    except TraceError as err:
-        return _error(str(err))
-    except OSError as err:
-        where = err.filename if err.filename is not None else "trace"
-        return _error(f"{where}:0: file: {err.strerror or err}")
-    except ValueError as err:
-        # parameter errors from generators, keys (page size) and converters
-        return _error(f"trace {args.trace_command}: {err}")
+    """Run a parsed ``trace`` command; returns the exit code (0 ok). User errors propagate
+    (see :func:`user_error`) to :func:`cli.errors.run_command`."""
+    with warnings.catch_warnings():
+        # Lenient reads warn; the CLI prints its own one-line summary instead.
+        warnings.simplefilter("ignore")
+        return _dispatch(args)
 
 
 def _dispatch(args: argparse.Namespace) -> int:
@@ -264,7 +269,7 @@ def _gen(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Stand-alone entry point: ``python -m cli.traces stats FILE`` etc."""
     args = build_parser().parse_args(argv)
-    return run(args)
+    return run_command(args)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,79 @@
+"""The one user-error rule of ``hicache-sim``.
+
+A command raises :class:`UserError` for anything the user can fix (bad arguments, unreadable or
+malformed input); a command may also declare which library errors it already treats as the
+user's (``set_defaults(user_errors=...)``: e.g. the ``ValueError`` family, which
+:class:`hicache.config.ConfigError` and :class:`traces.schema.TraceError` belong to), and
+:func:`run_command` converts them in this one place. :func:`run_command` is the only code that
+prints the error: one line, ``hicache-sim: <message>`` (a command may set another
+``error_prefix``), exit code 2. Ctrl-C prints ``hicache-sim: interrupted`` and gives 130. Any
+other exception is a bug and keeps its traceback. :func:`cli.main.main` and the standalone
+entry points (``python -m cli.sweep`` and the like) all end here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+PROG = "hicache-sim"
+#: Exit code of a user error.
+EXIT_USER_ERROR = 2
+#: Exit code after Ctrl-C (128 + SIGINT, as a shell reports it).
+EXIT_INTERRUPTED = 130
+
+#: Turns an exception a command raised into a user-error message, or None (a bug: re-raised).
+Converter = Callable[[Exception, argparse.Namespace], "str | None"]
+
+
+class UserError(Exception):
+    """An error the user can fix; printed as one line, exit code 2."""
+
+
+def value_errors(e: Exception, args: argparse.Namespace) -> str | None:
+    """The ``ValueError`` family (config, trace, grid and argument errors) as its message."""
+    return str(e) if isinstance(e, ValueError) else None
+
+
+def value_and_os_errors(e: Exception, args: argparse.Namespace) -> str | None:
+    """:func:`value_errors`, and an ``OSError`` as ``<file>: <reason>``."""
+    if isinstance(e, OSError):
+        return f"{e.filename}: {e.strerror}" if e.filename else str(e)
+    return value_errors(e, args)
+
+
+def _message(e: Exception, args: argparse.Namespace) -> str | None:
+    if isinstance(e, UserError):
+        return str(e)
+    convert: Converter | None = getattr(args, "user_errors", None)
+    return None if convert is None else convert(e, args)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run a parsed command (``args.func(args)``) and return its exit code; a user error is
+    printed here, as one line on stderr, and gives :data:`EXIT_USER_ERROR`."""
+    try:
+        return int(args.func(args))
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as e:
+        message = _message(e, args)
+        if message is None:
+            raise
+    prefix: str = getattr(args, "error_prefix", PROG)
+    line = " ".join(message.splitlines())
+    print(f"{prefix}: {line}" if prefix else line, file=sys.stderr)
+    return EXIT_USER_ERROR
+
+
+__all__ = [
+    "EXIT_INTERRUPTED",
+    "EXIT_USER_ERROR",
+    "PROG",
+    "UserError",
+    "run_command",
+    "value_and_os_errors",
+    "value_errors",
+]
