@@ -80,7 +80,6 @@ class Engine:
         self.progress = progress
         self._arrived = 0
         self._finished_n = 0
-        self.rejected = 0
         self._all_done = self.env.event()
         self._next_turn: dict[Any, list[SimReq]] = {}
         self._open: list[SimReq] = []
@@ -111,7 +110,6 @@ class Engine:
         if need >= self.device.capacity_tokens:
             # its KV could never fit the pool, even alone with an empty cache: SGLang rejects
             # requests longer than its KV pool at arrival; we record it as rejected (finish = -1)
-            self.rejected += 1
             self._finished(r)
             return
         self.sched.arrive(r)

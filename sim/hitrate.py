@@ -1,6 +1,7 @@
 """Cache-only replay: the policy core over a trace, one request at a time, no timing model.
 
-What one request does here (SGLang's path for a lone request, no concurrency):
+What one request does here (SGLang's path for a lone request, no concurrency; each step is a
+call of the one lifecycle, :class:`hicache.lifecycle.KVLifecycle`):
 
 1. ``match_prefix`` on the first ``input_length - 1`` prompt tokens, page-aligned (SGLang always
    recomputes at least one token).
@@ -257,6 +258,11 @@ def replay(requests: Sequence[PagedRequest], cfg: HitRateConfig) -> HitRateResul
     return rp.finish()
 
 
+def requests_for(trace: Any, page_size: int) -> list[PagedRequest]:
+    """The requests of a ``traces.schema.Trace`` at ``page_size``."""
+    return paged_requests(trace, page_size)
+
+
 __all__ = [
     "EVICTIONS",
     "OUTPUT_MODES",
@@ -267,57 +273,5 @@ __all__ = [
     "PageKey",
     "PagedRequest",
     "replay",
+    "requests_for",
 ]
-
-
-# ------------------------------------------------------------------------- grids of configs --
-_GRID_REQUESTS: dict[int, list[PagedRequest]] = {}
-
-
-def requests_for(trace: Any, page_size: int) -> list[PagedRequest]:
-    """The requests of a ``traces.schema.Trace`` at ``page_size``."""
-    return paged_requests(trace, page_size)
-
-
-def _run_one(cfg: HitRateConfig) -> dict[str, Any]:
-    res = replay(_GRID_REQUESTS[cfg.page_size], cfg)
-    return {**asdict(cfg), **res.as_dict()}
-
-
-def run_grid(
-    trace: Any, configs: Sequence[HitRateConfig], jobs: int = 0, progress: bool | None = None
-) -> list[dict[str, Any]]:
-    """Replay every config over one loaded trace; rows in the order of ``configs``.
-
-    More than one config runs on a process pool (``jobs`` workers, default all cores); the
-    workers are forked after the trace's page symbols are built, so the trace is loaded once.
-    """
-    import multiprocessing as mp
-    import os
-    from concurrent.futures import ProcessPoolExecutor
-
-    from tqdm import tqdm
-
-    for cfg in configs:
-        cfg.validate()
-        if cfg.page_size not in _GRID_REQUESTS:
-            _GRID_REQUESTS[cfg.page_size] = requests_for(trace, cfg.page_size)
-    jobs = jobs or os.cpu_count() or 1
-    bar = tqdm(total=len(configs), desc="configs", unit="cfg", disable=progress is False or None)
-    try:
-        if len(configs) == 1 or jobs == 1 or "fork" not in mp.get_all_start_methods():
-            rows = []
-            for cfg in configs:
-                rows.append(_run_one(cfg))
-                bar.update()
-            return rows
-        with ProcessPoolExecutor(min(jobs, len(configs)), mp_context=mp.get_context("fork")) as ex:
-            futures = [ex.submit(_run_one, cfg) for cfg in configs]
-            out = []
-            for f in futures:
-                out.append(f.result())
-                bar.update()
-            return out
-    finally:
-        bar.close()
-        _GRID_REQUESTS.clear()

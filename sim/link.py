@@ -84,10 +84,6 @@ class DuplexLink:
     def busy(self, direction: str) -> bool:
         return self.dirs[direction].job is not None
 
-    def queued(self, direction: str) -> int:
-        d = self.dirs[direction]
-        return len(d.queue) + (d.job is not None)
-
     def busy_time(self, direction: str) -> float:
         """Seconds this direction has had a job in service so far."""
         d = self.dirs[direction]

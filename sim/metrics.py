@@ -96,9 +96,8 @@ def request_frame(rows: Sequence[RequestRow]) -> Any:
         "e2e_s": np.where(done, finish - arrival, nan),
         "queue_s": np.where(done, df["admitted_s"].to_numpy(dtype=float) - arrival, nan),
     }
-    for i, name in enumerate(DERIVED_REQUEST_COLUMNS):
-        df.insert(5 + i, name, derived[name])
-    return df
+    columns = {**{c: df[c] for c in RequestRow._fields}, **derived}
+    return pd.DataFrame({c: columns[c] for c in REQUEST_COLUMNS})
 
 
 @dataclass

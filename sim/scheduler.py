@@ -142,7 +142,6 @@ class Scheduler:
         self.ratio_decay = (init - self.min_ratio) / max(1, params.new_token_ratio_decay_steps)
         self.new_token_ratio = init
         self._wake: simpy.Event = env.event()
-        self.iterations = 0
         self.spans: list[tuple[str, float, float, int]] = []  # compute: (kind, start, end, bs)
 
     # ---------------------------------------------------------------------------- inbox --
@@ -156,14 +155,10 @@ class Scheduler:
         if not self._wake.triggered:
             self._wake.succeed()
 
-    def idle(self) -> bool:
-        return not self.waiting and not self.running and self.chunked is None
-
     # ----------------------------------------------------------------------------- loop --
     def run(self) -> Generator[simpy.Event, Any, None]:
         env = self.env
         while True:
-            self.iterations += 1
             self.cache.check_hicache_events()
             batch = self._get_new_batch_prefill()
             if batch is not None:

@@ -53,9 +53,6 @@ class PageAllocator:
     def free_page_count(self) -> int:
         return len(self._free) - self._head
 
-    def can_alloc(self, num_tokens: int) -> bool:
-        return num_tokens <= self.available_size()
-
     def alloc(self, num_tokens: int) -> list[int] | None:
         """Take ``num_tokens / page_size`` pages from the head of the free list.
 

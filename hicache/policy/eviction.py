@@ -57,9 +57,6 @@ STRATEGIES: dict[str, KeyFn] = {
     "slru": _slru,
 }
 
-#: Which node fields each key reads (so the cache knows when a key may have changed).
-USES_HIT_COUNT = frozenset({"lfu", "slru"})
-
 
 def get_strategy(name: str) -> KeyFn:
     """The key function of strategy ``name``; ``ValueError`` naming the choices otherwise."""

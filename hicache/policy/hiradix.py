@@ -863,13 +863,6 @@ class HiRadixCache:
             stack.extend(reversed(list(n.children.values())))
         return out
 
-    def tokens_of(self, n: TreeNode) -> int:
-        return len(n.key) * self.page_size
-
-    def host_size(self) -> int:
-        """Tokens held in the host pool by tree nodes."""
-        return sum(len(n.host_value) for n in self.iter_nodes() if n.host_value) * self.page_size
-
     def check_invariants(self, device_pages_outside: Sequence[int] | None = None) -> None:
         """Raise ``AssertionError`` naming the first broken invariant (POLICY_CORE.md §1.5).
 
