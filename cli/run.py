@@ -166,7 +166,7 @@ def _cmd_hitrate(args: argparse.Namespace) -> int:
     if args.csv:
         _write_csv(rows, args.csv)
     if args.plot:
-        from studies.plots import plot_hitrate
+        from studies.report import plot_hitrate
 
         plot_hitrate(rows, args.plot, title=f"{args.trace.name} (page {args.page_size})")
     if args.json:
@@ -210,7 +210,7 @@ def _add_run(sub: Any) -> None:
     )
     p.add_argument("trace", type=Path)
     p.add_argument(
-        "--config", type=Path, help="TOML config file (sections as in hicache/config.py)"
+        "--config", type=Path, help="TOML config file (sections as in hicache/config/sections.py)"
     )
     p.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
@@ -354,7 +354,7 @@ def _demo_hitrate(args: argparse.Namespace, trace: Any) -> str:
     """The cache-only grid: hit rate vs device capacity per write policy; its table."""
     from hicache.policy import host_pool_tokens
     from sim.hitrate import HitRateConfig
-    from studies.plots import plot_hitrate
+    from studies.report import plot_hitrate
     from studies.sweep.hitrate import run_hitrate_grid
     from traces.stats import infinite_capacity_hit_rate
 
