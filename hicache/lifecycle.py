@@ -29,9 +29,10 @@ type every driver reads: a trace request at one page size.
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
 
+from hicache.policy.controller import BaseController
 from hicache.policy.hiradix import HiRadixCache, MatchResult
 from hicache.policy.radix import PageKey, TreeNode
 
@@ -87,6 +88,56 @@ def paged_requests(
             )
         )
     return out
+
+
+@dataclass
+class CacheCounters:
+    """What a driver that serves requests through the lifecycle reports: requests, prompt
+    tokens and their hits (SGLang's ``cache_hit_rate`` = hit tokens / prompt tokens), and the
+    copy and eviction totals of the controller and the cache (:meth:`collect`)."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    device_hit_tokens: int = 0
+    host_hit_tokens: int = 0
+    tokens_written: int = 0
+    tokens_loaded: int = 0
+    device_evicted_tokens: int = 0
+    host_evicted_tokens: int = 0
+    host_alloc_failures: int = 0
+    load_back_failures: int = 0
+    oom_requests: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        return (self.device_hit_tokens + self.host_hit_tokens) / max(1, self.prompt_tokens)
+
+    @property
+    def device_hit_rate(self) -> float:
+        return self.device_hit_tokens / max(1, self.prompt_tokens)
+
+    @property
+    def host_hit_rate(self) -> float:
+        return self.host_hit_tokens / max(1, self.prompt_tokens)
+
+    def collect(self, cache: HiRadixCache, ctrl: BaseController) -> None:
+        """Copy the controller's and the cache's running totals in."""
+        st = cache.stats
+        self.tokens_written = ctrl.tokens_written
+        self.tokens_loaded = ctrl.tokens_loaded
+        self.device_evicted_tokens = st.device_evicted_tokens
+        self.host_evicted_tokens = st.host_evicted_tokens
+        self.host_alloc_failures = ctrl.host_alloc_failures
+        self.load_back_failures = st.load_back_failures
+
+    def as_dict(self) -> dict[str, Any]:
+        """Every counter, then the three rates."""
+        return {
+            **asdict(self),
+            "hit_rate": self.hit_rate,
+            "device_hit_rate": self.device_hit_rate,
+            "host_hit_rate": self.host_hit_rate,
+        }
 
 
 @dataclass(slots=True)

@@ -29,10 +29,16 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
-from hicache.lifecycle import OUTPUT_MODES, KVLifecycle, PagedRequest, paged_requests
+from hicache.lifecycle import (
+    OUTPUT_MODES,
+    CacheCounters,
+    KVLifecycle,
+    PagedRequest,
+    paged_requests,
+)
 from hicache.policy import (
     STRATEGIES,
     WRITE_POLICIES,
@@ -91,40 +97,8 @@ class HitRateConfig:
             raise ValueError(f"outputs must be one of {', '.join(OUTPUT_MODES)}")
 
 
-@dataclass
-class HitRateResult:
-    requests: int = 0
-    prompt_tokens: int = 0
-    device_hit_tokens: int = 0
-    host_hit_tokens: int = 0
-    tokens_written: int = 0
-    tokens_loaded: int = 0
-    device_evicted_tokens: int = 0
-    host_evicted_tokens: int = 0
-    host_alloc_failures: int = 0
-    load_back_failures: int = 0
-    oom_requests: int = 0
-
-    @property
-    def hit_rate(self) -> float:
-        return (self.device_hit_tokens + self.host_hit_tokens) / max(1, self.prompt_tokens)
-
-    @property
-    def device_hit_rate(self) -> float:
-        return self.device_hit_tokens / max(1, self.prompt_tokens)
-
-    @property
-    def host_hit_rate(self) -> float:
-        return self.host_hit_tokens / max(1, self.prompt_tokens)
-
-    def as_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d.update(
-            hit_rate=self.hit_rate,
-            device_hit_rate=self.device_hit_rate,
-            host_hit_rate=self.host_hit_rate,
-        )
-        return d
+class HitRateResult(CacheCounters):
+    """The counters of a cache-only replay (:class:`hicache.lifecycle.CacheCounters`)."""
 
 
 class CacheReplay:
@@ -172,14 +146,8 @@ class CacheReplay:
         return dev, host
 
     def finish(self) -> HitRateResult:
-        res, ctrl, st = self.result, self.ctrl, self.cache.stats
-        res.tokens_written = ctrl.tokens_written
-        res.tokens_loaded = ctrl.tokens_loaded
-        res.device_evicted_tokens = st.device_evicted_tokens
-        res.host_evicted_tokens = st.host_evicted_tokens
-        res.host_alloc_failures = ctrl.host_alloc_failures
-        res.load_back_failures = st.load_back_failures
-        return res
+        self.result.collect(self.cache, self.ctrl)
+        return self.result
 
 
 class NextUseOracle:

@@ -98,10 +98,8 @@ class DuplexLink:
         if d.job is None:
             return now
         self._advance(d)
-        other_busy = self.dirs[_other(direction)].job is not None
-        rate = self.eta[direction] if other_busy else 1.0
         work = d.remaining + sum(j.work_s for j in d.queue)
-        return now + work / rate
+        return now + work / self._rate(d)
 
     def complete_all_now(self, direction: str) -> float:
         """Finish every job queued in ``direction`` at its projected drain time, at once.
@@ -116,8 +114,7 @@ class DuplexLink:
         if d.job is None:
             return now
         self._advance(d)
-        other_busy = self.dirs[_other(direction)].job is not None
-        rate = self.eta[direction] if other_busy else 1.0
+        rate = self._rate(d)
         t = now + d.remaining / rate
         jobs = [d.job]
         d.job.end = t
@@ -145,11 +142,14 @@ class DuplexLink:
             d.remaining -= (now - d.t) * d.rate
         d.t = now
 
+    def _rate(self, d: _Direction) -> float:
+        """``d``'s service rate now: ``eta`` while the other direction has a job, else 1."""
+        return self.eta[d.name] if self.dirs[_other(d.name)].job is not None else 1.0
+
     def _arm(self, d: _Direction) -> None:
         d.gen += 1
         gen = d.gen
-        other_busy = self.dirs[_other(d.name)].job is not None
-        d.rate = self.eta[d.name] if other_busy else 1.0
+        d.rate = self._rate(d)
         delay = max(0.0, d.remaining / d.rate)
         ev = self.env.timeout(delay)
         self.events += 1
@@ -191,8 +191,7 @@ class DuplexLink:
         """Re-arm ``d`` if the other direction's busy state changed its service rate."""
         if d.job is None:
             return
-        want = self.eta[d.name] if self.dirs[_other(d.name)].job is not None else 1.0
-        if want != d.rate:
+        if self._rate(d) != d.rate:
             self._advance(d)
             self._arm(d)
 
