@@ -16,7 +16,6 @@ from __future__ import annotations
 import csv
 import math
 import warnings
-from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -24,7 +23,9 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Literal
 
-from traces.io import MAX_SKIPPED_EXAMPLES, TraceSkipWarning, file_kind, read_trace, write_trace
+from traces.formats import cannot_open, file_kind
+from traces.io import TraceSkipWarning, read_trace, write_trace
+from traces.reader import record_skip
 from traces.schema import DEFAULT_BLOCK_SIZE, Request, Trace, TraceError, TraceHeader
 
 CsvFormat = Literal["vidur", "azure"]
@@ -98,7 +99,7 @@ def sniff_csv(path: str | Path) -> CsvFormat:
         with open(path, newline="", encoding="utf-8") as f:
             header = next(csv.reader(f), [])
     except OSError as exc:
-        raise TraceError(path, 0, "file", f"cannot open: {exc.strerror or exc}") from None
+        raise cannot_open(path, exc) from None
     except UnicodeDecodeError:
         raise TraceError(path, 1, "line", "not valid UTF-8") from None
     names = {h.strip() for h in header}
@@ -181,11 +182,10 @@ def _csv_rows(
     time_col, in_col, out_col = columns
     azure = time_col == "TIMESTAMP"
     parse_azure = _azure_time_parser(path)
-    skipped: Counter[str] = trace.skipped_by_field
     try:
         f = open(path, newline="", encoding="utf-8")  # noqa: SIM115
     except OSError as exc:
-        raise TraceError(path, 0, "file", f"cannot open: {exc.strerror or exc}") from None
+        raise cannot_open(path, exc) from None
     with f:
         reader = csv.reader(f)
         try:
@@ -231,10 +231,7 @@ def _csv_rows(
             except TraceError as err:
                 if not lenient:
                     raise
-                trace.skipped += 1
-                skipped[err.field] += 1
-                if len(trace.skipped_examples) < MAX_SKIPPED_EXAMPLES:
-                    trace.skipped_examples.append(err)
+                record_skip(trace, err)
                 continue
             yield _Row(time_ms, n_in, n_out)
 

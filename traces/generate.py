@@ -20,90 +20,54 @@ Closed-loop generators (multiturn, agentic) set `session_id`, `turn` (0-based) a
 turn after the first, `think_time_ms`: the delay between the end of turn k-1 and the
 arrival of turn k. Their timestamps are an *open-loop estimate* that takes service time as
 zero; a closed-loop simulator recomputes them from think_time_ms and actual finish times.
+
+The building blocks (id allocation, random lengths and gaps, argument checks, growing
+prompts, the multiturn send schedule) are in `traces.gen_parts`.
 """
 
 from __future__ import annotations
 
-import heapq
 import inspect
 import itertools
 import random
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
-from traces.schema import DEFAULT_BLOCK_SIZE, Request, Trace, TraceHeader
+from traces.gen_parts import (
+    DISTRIBUTIONS,
+    GrowingPrompt,
+    IdAllocator,
+    check_distribution,
+    check_non_negative,
+    check_positive,
+    finish_trace,
+    gap_ms,
+    jittered_length,
+    jittered_ms,
+    multiturn_schedule,
+    prefixed_requests,
+    recorded_params,
+)
+from traces.schema import DEFAULT_BLOCK_SIZE, Request, Trace
 
-Distribution = Literal["poisson", "uniform"]
-DISTRIBUTIONS: tuple[str, ...] = ("poisson", "uniform")
+__all__ = [
+    "DISTRIBUTIONS",
+    "GENERATORS",
+    "GENERATOR_SUMMARY",
+    "OPEN_LOOP_NOTE",
+    "PARAM_HELP",
+    "agentic",
+    "generate",
+    "generator_params",
+    "long_context_qa",
+    "multiturn",
+    "shared_prefix",
+]
+
 OPEN_LOOP_NOTE = (
     "timestamps are an open-loop estimate (service time taken as zero); a closed-loop replay "
     "sends turn k think_time_ms after turn k-1 finishes"
 )
-
-
-class _Ids:
-    """Allocator of fresh hash ids (0, 1, 2, ...)."""
-
-    def __init__(self) -> None:
-        self.next = 0
-
-    def fresh(self, n: int) -> list[int]:
-        out = list(range(self.next, self.next + n))
-        self.next += n
-        return out
-
-    def for_length(self, prefix: list[int], length: int, block_size: int) -> list[int]:
-        """`prefix` followed by fresh ids up to ceil(length / block_size) blocks."""
-        return prefix + self.fresh(-(-length // block_size) - len(prefix))
-
-
-def _gap_ms(rng: random.Random, rate: float, distribution: str) -> float:
-    """Time to the next arrival of a process with `rate` per second (bench_multiturn's
-    choices: exponential gaps, or uniform on [0, 2 / rate])."""
-    if distribution == "poisson":
-        return rng.expovariate(rate) * 1000.0
-    return rng.uniform(0.0, 2.0 / rate) * 1000.0
-
-
-def _length(rng: random.Random, mean: int, jitter: float, minimum: int = 1) -> int:
-    """`mean`, or uniform on [mean (1 - jitter), mean (1 + jitter)] when jitter > 0."""
-    if jitter <= 0 or mean == 0:
-        return mean
-    lo = max(minimum, round(mean * (1 - jitter)))
-    hi = max(lo, round(mean * (1 + jitter)))
-    return rng.randint(lo, hi)
-
-
-def _check(**values: float) -> None:
-    for name, value in values.items():
-        if value < 0:
-            raise ValueError(f"{name} must be >= 0, got {value}")
-
-
-def _check_positive(**values: float) -> None:
-    for name, value in values.items():
-        if value <= 0:
-            raise ValueError(f"{name} must be > 0, got {value}")
-
-
-def _check_distribution(distribution: str) -> None:
-    if distribution not in DISTRIBUTIONS:
-        raise ValueError(
-            f"distribution must be one of {', '.join(DISTRIBUTIONS)}, got {distribution!r}"
-        )
-
-
-def _finish(
-    kind: str, requests: list[Request], block_size: int, params: dict[str, Any], note: str
-) -> Trace:
-    for r in requests:
-        # µs resolution keeps the files short; rounding is monotone, so order is preserved.
-        r.timestamp = round(r.timestamp, 3)
-    requests.sort(key=lambda r: r.timestamp)  # stable: ties keep generation order
-    extra: dict[str, Any] = {"generator": kind, "params": params}
-    if note:
-        extra["note"] = note
-    return Trace(requests=requests, header=TraceHeader(block_size=block_size, extra=extra))
 
 
 def multiturn(
@@ -131,102 +95,34 @@ def multiturn(
     of "after it finished"). Without `closed_loop` no think_time_ms is recorded and the
     timestamps are the schedule.
     """
-    _check_positive(
+    params = recorded_params(locals())
+    check_positive(
         clients=clients,
         rounds=rounds,
         request_length=request_length,
         request_rate=request_rate,
         block_size=block_size,
     )
-    _check(
+    check_non_negative(
         sub_question_length=sub_question_length,
         output_length=output_length,
         think_time_ms=think_time_ms,
     )
-    _check_distribution(distribution)
-    params = dict(
-        clients=clients,
-        rounds=rounds,
-        request_length=request_length,
-        sub_question_length=sub_question_length,
-        output_length=output_length,
-        request_rate=request_rate,
-        distribution=distribution,
-        closed_loop=closed_loop,
-        think_time_ms=think_time_ms,
-        seed=seed,
-    )
+    check_distribution(distribution)
     rng = random.Random(seed)
-    ids = _Ids()
+    ids = IdAllocator()
     sub = sub_question_length or request_length
-    # per-client state: prompt length and hash ids of the next turn
-    length = [request_length] * clients
-    blocks = [ids.fresh(-(-request_length // block_size)) for _ in range(clients)]
-    turn = [0] * clients
-    ready = list(range(clients))
-    waiting: list[tuple[float, int, int]] = []  # (ready time, tie-break, client)
-    order = itertools.count()
+    prompts = [GrowingPrompt(ids, [], request_length, block_size) for _ in range(clients)]
     requests: list[Request] = []
-    now = 0.0
-    while len(requests) < clients * rounds:
-        while waiting and waiting[0][0] <= now:
-            ready.append(heapq.heappop(waiting)[2])
-        if not ready:
-            now = waiting[0][0]
-            continue
-        c = ready.pop(rng.randrange(len(ready)))
-        k = turn[c]
-        requests.append(
-            Request(
-                timestamp=now,
-                input_length=length[c],
-                output_length=output_length,
-                hash_ids=blocks[c],
-                session_id=f"c{c}",
-                turn=k,
-                think_time_ms=think_time_ms if closed_loop and k > 0 else None,
-            )
-        )
-        turn[c] = k + 1
+    schedule = multiturn_schedule(rng, clients, rounds, think_time_ms, request_rate, distribution)
+    for now, c, k in schedule:
+        think = think_time_ms if closed_loop and k > 0 else None
+        requests.append(prompts[c].request(now, output_length, f"c{c}", k, think))
         if k + 1 < rounds:
-            new_length = length[c] + output_length + sub
-            blocks[c] = ids.for_length(blocks[c], new_length, block_size)
-            length[c] = new_length
-            heapq.heappush(waiting, (now + think_time_ms, next(order), c))
-        now += _gap_ms(rng, request_rate, distribution)
-    return _finish("multiturn", requests, block_size, params, OPEN_LOOP_NOTE if closed_loop else "")
-
-
-def _prefixed_requests(
-    rng: random.Random,
-    ids: _Ids,
-    pick: Callable[[], tuple[list[int], int]],
-    count: int,
-    suffix_length: int,
-    output_length: int,
-    jitter: float,
-    request_rate: float,
-    distribution: str,
-    block_size: int,
-) -> list[Request]:
-    """Open-loop requests whose prompt is a shared prefix (``pick()`` -> its blocks and length)
-    followed by a unique suffix; arrivals at ``request_rate``. The RNG is drawn in a fixed
-    order per request (pick, suffix, output, gap), so traces are deterministic for a seed."""
-    out: list[Request] = []
-    now = 0.0
-    for _ in range(count):
-        blocks, base = pick()
-        length = base + _length(rng, suffix_length, jitter, minimum=1)
-        out.append(
-            Request(
-                timestamp=now,
-                input_length=length,
-                output_length=_length(rng, output_length, jitter),
-                hash_ids=ids.for_length(blocks, length, block_size),
-            )
-        )
-        now += _gap_ms(rng, request_rate, distribution)
-    return out
+            prompts[c].grow(ids, output_length + sub, block_size)
+    return finish_trace(
+        "multiturn", requests, block_size, params, OPEN_LOOP_NOTE if closed_loop else ""
+    )
 
 
 def shared_prefix(
@@ -246,10 +142,11 @@ def shared_prefix(
     """`prefixes` system prompts of `prefix_length` tokens, chosen per request with Zipf
     popularity (prompt i has weight 1 / (i + 1) ** zipf; zipf 0 = uniform), each followed by
     a unique suffix of `suffix_length` tokens. Lengths vary by +-jitter (a fraction)."""
-    _check_positive(
+    params = recorded_params(locals())
+    check_positive(
         requests=requests, prefixes=prefixes, request_rate=request_rate, block_size=block_size
     )
-    _check(
+    check_non_negative(
         zipf=zipf,
         prefix_length=prefix_length,
         suffix_length=suffix_length,
@@ -258,21 +155,9 @@ def shared_prefix(
     )
     if prefix_length + suffix_length < 1:
         raise ValueError("prefix_length + suffix_length must be >= 1")
-    _check_distribution(distribution)
-    params = dict(
-        requests=requests,
-        prefixes=prefixes,
-        zipf=zipf,
-        prefix_length=prefix_length,
-        suffix_length=suffix_length,
-        output_length=output_length,
-        jitter=jitter,
-        request_rate=request_rate,
-        distribution=distribution,
-        seed=seed,
-    )
+    check_distribution(distribution)
     rng = random.Random(seed)
-    ids = _Ids()
+    ids = IdAllocator()
     shared = [ids.fresh(prefix_length // block_size) for _ in range(prefixes)]
     cum_weights = list(itertools.accumulate(1.0 / (i + 1) ** zipf for i in range(prefixes)))
     choices = range(prefixes)
@@ -281,11 +166,11 @@ def shared_prefix(
         k = rng.choices(choices, cum_weights=cum_weights)[0]
         return shared[k], prefix_length
 
-    out = _prefixed_requests(
+    out = prefixed_requests(
         rng, ids, pick, requests, suffix_length, output_length, jitter, request_rate,
         distribution, block_size,
     )  # fmt: skip
-    return _finish("shared-prefix", out, block_size, params, "")
+    return finish_trace("shared-prefix", out, block_size, params, "")
 
 
 def long_context_qa(
@@ -305,29 +190,19 @@ def long_context_qa(
     per document), each asked `questions_per_document` short questions; the prompt is the
     document followed by the question. Questions arrive in random order across
     documents."""
-    _check_positive(
+    params = recorded_params(locals())
+    check_positive(
         documents=documents,
         document_length=document_length,
         questions_per_document=questions_per_document,
         request_rate=request_rate,
         block_size=block_size,
     )
-    _check(question_length=question_length, output_length=output_length, jitter=jitter)
-    _check_distribution(distribution)
-    params = dict(
-        documents=documents,
-        document_length=document_length,
-        questions_per_document=questions_per_document,
-        question_length=question_length,
-        output_length=output_length,
-        jitter=jitter,
-        request_rate=request_rate,
-        distribution=distribution,
-        seed=seed,
-    )
+    check_non_negative(question_length=question_length, output_length=output_length, jitter=jitter)
+    check_distribution(distribution)
     rng = random.Random(seed)
-    ids = _Ids()
-    doc_length = [_length(rng, document_length, jitter) for _ in range(documents)]
+    ids = IdAllocator()
+    doc_length = [jittered_length(rng, document_length, jitter) for _ in range(documents)]
     doc_blocks = [ids.fresh(n // block_size) for n in doc_length]
     questions = [d for d in range(documents) for _ in range(questions_per_document)]
     rng.shuffle(questions)
@@ -337,11 +212,11 @@ def long_context_qa(
         d = next(order)
         return doc_blocks[d], doc_length[d]
 
-    out = _prefixed_requests(
+    out = prefixed_requests(
         rng, ids, pick, len(questions), question_length, output_length, jitter, request_rate,
         distribution, block_size,
     )  # fmt: skip
-    return _finish("long-context-qa", out, block_size, params, "")
+    return finish_trace("long-context-qa", out, block_size, params, "")
 
 
 def agentic(
@@ -368,10 +243,9 @@ def agentic(
     `tool_time_ms` (the think time). Lengths and tool times vary by +-jitter. Sessions start
     at `session_rate` per second.
     """
-    _check_positive(
-        sessions=sessions, steps=steps, session_rate=session_rate, block_size=block_size
-    )
-    _check(
+    params = recorded_params(locals())
+    check_positive(sessions=sessions, steps=steps, session_rate=session_rate, block_size=block_size)
+    check_non_negative(
         system_length=system_length,
         task_length=task_length,
         output_length=output_length,
@@ -381,58 +255,27 @@ def agentic(
     )
     if system_length + task_length < 1:
         raise ValueError("system_length + task_length must be >= 1")
-    _check_distribution(distribution)
-    params = dict(
-        sessions=sessions,
-        steps=steps,
-        system_length=system_length,
-        task_length=task_length,
-        output_length=output_length,
-        tool_output_length=tool_output_length,
-        tool_time_ms=tool_time_ms,
-        jitter=jitter,
-        session_rate=session_rate,
-        distribution=distribution,
-        closed_loop=closed_loop,
-        seed=seed,
-    )
+    check_distribution(distribution)
     rng = random.Random(seed)
-    ids = _Ids()
+    ids = IdAllocator()
     system = ids.fresh(system_length // block_size)
     out: list[Request] = []
     start = 0.0
     for s in range(sessions):
-        length = system_length + _length(rng, task_length, jitter, minimum=1)
-        blocks = ids.for_length(system, length, block_size)
+        task = jittered_length(rng, task_length, jitter, minimum=1)
+        prompt = GrowingPrompt(ids, system, system_length + task, block_size)
         now = start
         for k in range(steps):
             think: float | None = None
             if k > 0:
-                think = round(
-                    tool_time_ms * (1 + rng.uniform(-jitter, jitter))
-                    if jitter > 0
-                    else tool_time_ms,
-                    3,
-                )
-                think = max(0.0, think)
+                think = jittered_ms(rng, tool_time_ms, jitter)
                 now += think
-            n_out = _length(rng, output_length, jitter)
-            out.append(
-                Request(
-                    timestamp=now,
-                    input_length=length,
-                    output_length=n_out,
-                    hash_ids=blocks,
-                    session_id=f"a{s}",
-                    turn=k,
-                    think_time_ms=think if closed_loop else None,
-                )
-            )
-            new_length = length + n_out + _length(rng, tool_output_length, jitter, minimum=0)
-            blocks = ids.for_length(blocks, new_length, block_size)
-            length = new_length
-        start += _gap_ms(rng, session_rate, distribution)
-    return _finish("agentic", out, block_size, params, OPEN_LOOP_NOTE if closed_loop else "")
+            n_out = jittered_length(rng, output_length, jitter)
+            out.append(prompt.request(now, n_out, f"a{s}", k, think if closed_loop else None))
+            tool_output = jittered_length(rng, tool_output_length, jitter, minimum=0)
+            prompt.grow(ids, n_out + tool_output, block_size)
+        start += gap_ms(rng, session_rate, distribution)
+    return finish_trace("agentic", out, block_size, params, OPEN_LOOP_NOTE if closed_loop else "")
 
 
 GENERATORS: dict[str, Callable[..., Trace]] = {

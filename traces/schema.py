@@ -286,8 +286,38 @@ def validate_request(
     except KeyError as exc:
         missing = next(name for name in REQUIRED_FIELDS if name not in obj)
         raise TraceError(path, line, missing, "missing field") from exc
+    _check_timestamp(ts, prev_timestamp, path, line)
+    _check_lengths(input_length, output_length, path, line)
 
-    # Exact type checks: bool is an int subclass, and a JSON `true` is never a valid value.
+    hash_ids = obj.get("hash_ids")
+    token_ids = obj.get("token_ids")
+    if hash_ids is not None:
+        _check_hash_ids(hash_ids, token_ids, input_length, block_size, id_kind, path, line)
+    elif token_ids is not None:
+        _check_token_ids(token_ids, input_length, id_kind, path, line)
+    else:
+        raise TraceError(
+            path, line, "hash_ids", "missing field (a request needs hash_ids or token_ids)"
+        )
+
+    if len(obj) == 4:
+        # Only the three required fields and the id list: a plain Mooncake line.
+        return Request(float(ts), input_length, output_length, hash_ids, token_ids)
+    return Request(
+        float(ts),
+        input_length,
+        output_length,
+        hash_ids,
+        token_ids,
+        *_optional_fields(obj, path, line),
+    )
+
+
+# Per-field checks of `validate_request`. Types are checked exactly: bool is an int subclass,
+# and a JSON `true` is never a valid value.
+
+
+def _check_timestamp(ts: Any, prev_timestamp: float | None, path: str | Path, line: int) -> None:
     tst = type(ts)
     if not (tst is int or (tst is float and math.isfinite(ts))):
         raise TraceError(path, line, "timestamp", f"must be a finite number, got {ts!r}")
@@ -301,6 +331,9 @@ def validate_request(
             f"goes backwards ({_fmt(ts)} after {_fmt(prev_timestamp)}); requests must be "
             "sorted by timestamp",
         )
+
+
+def _check_lengths(input_length: Any, output_length: Any, path: str | Path, line: int) -> None:
     if type(input_length) is not int or input_length < 1:
         raise TraceError(
             path, line, "input_length", f"must be an integer >= 1, got {input_length!r}"
@@ -310,53 +343,62 @@ def validate_request(
             path, line, "output_length", f"must be an integer >= 0, got {output_length!r}"
         )
 
-    hash_ids = obj.get("hash_ids")
-    token_ids = obj.get("token_ids")
-    if hash_ids is not None:
-        if token_ids is not None:
-            raise TraceError(path, line, "token_ids", "give either hash_ids or token_ids, not both")
-        if id_kind == "token_ids":
-            raise TraceError(
-                path,
-                line,
-                "hash_ids",
-                "trace mixes token_ids and hash_ids requests (earlier requests use token_ids)",
-            )
-        _check_id_list(hash_ids, "hash_ids", _INT64_LIMIT // block_size, path, line)
-        want = -(-input_length // block_size)
-        if len(hash_ids) != want:
-            raise TraceError(
-                path,
-                line,
-                "hash_ids",
-                f"{len(hash_ids)} ids, but input_length {input_length} with block_size "
-                f"{block_size} needs ceil({input_length}/{block_size}) = {want}",
-            )
-    elif token_ids is not None:
-        if id_kind == "hash_ids":
-            raise TraceError(
-                path,
-                line,
-                "token_ids",
-                "trace mixes hash_ids and token_ids requests (earlier requests use hash_ids)",
-            )
-        _check_id_list(token_ids, "token_ids", _INT64_LIMIT, path, line)
-        if len(token_ids) != input_length:
-            raise TraceError(
-                path,
-                line,
-                "token_ids",
-                f"{len(token_ids)} ids, but input_length is {input_length}",
-            )
-    else:
+
+def _check_hash_ids(
+    hash_ids: object,
+    token_ids: object,
+    input_length: int,
+    block_size: int,
+    id_kind: IdKind | None,
+    path: str | Path,
+    line: int,
+) -> None:
+    if token_ids is not None:
+        raise TraceError(path, line, "token_ids", "give either hash_ids or token_ids, not both")
+    if id_kind == "token_ids":
         raise TraceError(
-            path, line, "hash_ids", "missing field (a request needs hash_ids or token_ids)"
+            path,
+            line,
+            "hash_ids",
+            "trace mixes token_ids and hash_ids requests (earlier requests use token_ids)",
+        )
+    ids = _check_id_list(hash_ids, "hash_ids", _INT64_LIMIT // block_size, path, line)
+    want = -(-input_length // block_size)
+    if len(ids) != want:
+        raise TraceError(
+            path,
+            line,
+            "hash_ids",
+            f"{len(ids)} ids, but input_length {input_length} with block_size "
+            f"{block_size} needs ceil({input_length}/{block_size}) = {want}",
         )
 
-    if len(obj) == 4:
-        # Only the three required fields and the id list: a plain Mooncake line.
-        return Request(float(ts), input_length, output_length, hash_ids, token_ids)
 
+def _check_token_ids(
+    token_ids: object, input_length: int, id_kind: IdKind | None, path: str | Path, line: int
+) -> None:
+    if id_kind == "hash_ids":
+        raise TraceError(
+            path,
+            line,
+            "token_ids",
+            "trace mixes hash_ids and token_ids requests (earlier requests use hash_ids)",
+        )
+    ids = _check_id_list(token_ids, "token_ids", _INT64_LIMIT, path, line)
+    if len(ids) != input_length:
+        raise TraceError(
+            path,
+            line,
+            "token_ids",
+            f"{len(ids)} ids, but input_length is {input_length}",
+        )
+
+
+def _optional_fields(
+    obj: Mapping[str, Any], path: str | Path, line: int
+) -> tuple[str | None, int | None, float | None, int | None, str | None]:
+    """The checked optional fields, in `Request` order: session_id, turn, think_time_ms,
+    priority, rid (None where absent)."""
     session_id = obj.get("session_id")
     if session_id is not None and type(session_id) is not str:
         raise TraceError(path, line, "session_id", f"must be a string, got {session_id!r}")
@@ -376,19 +418,7 @@ def validate_request(
     rid = obj.get("rid")
     if rid is not None and type(rid) is not str:
         raise TraceError(path, line, "rid", f"must be a string, got {rid!r}")
-
-    return Request(
-        float(ts),
-        input_length,
-        output_length,
-        hash_ids,
-        token_ids,
-        session_id,
-        turn,
-        think,
-        priority,
-        rid,
-    )
+    return session_id, turn, think, priority, rid
 
 
 def _fmt(x: float) -> str:

@@ -1,5 +1,8 @@
 """Trace statistics: sizes, rates, length percentiles, block reuse, prefix hit ratio, reuse
 distance, sessions. Definitions are in the docstrings and in `traces/README.md`.
+
+The reuse-distance algorithm itself lives in `traces.reuse` (`reuse_distances` is
+re-exported here).
 """
 
 from __future__ import annotations
@@ -9,7 +12,17 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from traces.keys import check_page_size, page_symbols
+from traces.reuse import distance_histogram, reuse_distances
 from traces.schema import DEFAULT_BLOCK_SIZE, Request, Trace
+
+__all__ = [
+    "PERCENTILES",
+    "format_stats",
+    "infinite_capacity_hit_rate",
+    "percentile",
+    "reuse_distances",
+    "trace_stats",
+]
 
 PERCENTILES: tuple[int, ...] = (50, 90, 99)
 
@@ -166,79 +179,6 @@ def _token_block_accesses(requests: list[Request], block_size: int) -> list[int]
     return accesses
 
 
-def reuse_distances(accesses: Sequence[int]) -> tuple[list[int], int]:
-    """LRU stack distances of a sequence of block references.
-
-    The reuse distance of a reference to block x at position t is the number of *distinct*
-    blocks referenced strictly between the previous reference to x and t. A reference with
-    no earlier reference is *cold* (no distance). An LRU cache holding C blocks would hit
-    exactly the references with distance < C. Returns (distances of the non-cold references
-    in position order, number of cold references). O(n log n), vectorised with numpy.
-    """
-    import numpy as np
-
-    a = np.asarray(accesses, dtype=np.int64)
-    n = len(a)
-    if n == 0:
-        return [], 0
-    order = np.argsort(a, kind="stable")
-    sa = a[order]
-    same = sa[1:] == sa[:-1]
-    # reuse intervals (p, t): consecutive references to the same block
-    starts = order[:-1][same]
-    ends = order[1:][same]
-    cold = n - len(ends)
-    if len(ends) == 0:
-        return [], cold
-    # distinct blocks in (p, t) = (t - p - 1) - #{reuse intervals (s, e): p < s and e < t}.
-    # Ordering intervals by end, the count is "earlier elements greater than mine" over the
-    # starts.
-    # starts: in end (= position) order, which is also the order the result is reported in.
-    by_end = np.argsort(ends)
-    starts = starts[by_end]
-    ends = ends[by_end]
-    dist = (ends - starts - 1) - _count_previous_greater(starts)
-    return dist.tolist(), cold
-
-
-def _count_previous_greater(x: Any) -> Any:
-    """For each i, #{j < i: x[j] > x[i]} for distinct non-negative ints (bottom-up merge
-    counting, each level one sort and two searchsorted calls)."""
-    import numpy as np
-
-    n = len(x)
-    out = np.zeros(n, dtype=np.int64)
-    idx = np.arange(n, dtype=np.int64)
-    big = int(x.max()) + 1 if n else 1
-    width = 1
-    while width < n:
-        run = idx // width
-        left = run % 2 == 0
-        right = ~left
-        pair = idx // (2 * width)
-        left_keys = np.sort(pair[left] * big + x[left])
-        right_pair = pair[right] * big
-        hi = np.searchsorted(left_keys, right_pair + big, side="left")
-        lo = np.searchsorted(left_keys, right_pair + x[right], side="right")
-        out[right] += hi - lo
-        width *= 2
-    return out
-
-
-def _histogram(distances: list[int]) -> list[dict[str, int]]:
-    """Power-of-two buckets: [0, 0], [1, 1], [2, 3], [4, 7], ... (empty buckets dropped)."""
-    counts: dict[int, int] = {}
-    for d in distances:
-        b = d.bit_length()  # 0 -> 0, 1 -> 1, 2..3 -> 2, 4..7 -> 3
-        counts[b] = counts.get(b, 0) + 1
-    out = []
-    for b in sorted(counts):
-        lo = 0 if b == 0 else 1 << (b - 1)
-        hi = 0 if b == 0 else (1 << b) - 1
-        out.append({"lo": lo, "hi": hi, "count": counts[b]})
-    return out
-
-
 def trace_stats(
     trace: Trace, page_size: int | None = None, *, reuse: bool = True
 ) -> dict[str, Any]:
@@ -265,51 +205,77 @@ def trace_stats(
     }
     if trace.header.extra:
         stats["header"] = dict(trace.header.extra)
+    stats["time"] = _time_stats(requests)
+    stats["input_length"] = _summary([r.input_length for r in requests])
+    stats["output_length"] = _summary([r.output_length for r in requests])
+    page_sizes = [page_size] if page_size is not None else sorted({1, bs})
+    hit, accesses = _prefix_walks(requests, page_sizes, bs, hash_trace)
+    stats["blocks"] = _block_stats(accesses, bs)
+    stats["prefix_cache"] = {"infinite_capacity_hit_rate": hit}
+    if reuse:
+        stats["reuse_distance"] = _reuse_distance_stats(accesses)
+    stats["sessions"] = _session_stats(requests)
+    stats["skipped"] = trace.skipped
+    return stats
 
+
+# -- sections of trace_stats --------------------------------------------------------------
+
+
+def _time_stats(requests: list[Request]) -> dict[str, Any]:
     first = requests[0].timestamp
     last = requests[-1].timestamp
     span_ms = last - first
-    stats["time"] = {
+    return {
         "first_ms": first,
         "last_ms": last,
         "span_ms": span_ms,
         "rate_per_s": len(requests) / (span_ms / 1000) if span_ms > 0 else None,
         "distinct_timestamps": len({r.timestamp for r in requests}),
     }
-    stats["input_length"] = _summary([r.input_length for r in requests])
-    stats["output_length"] = _summary([r.output_length for r in requests])
 
-    page_sizes = [page_size] if page_size is not None else sorted({1, bs})
+
+def _prefix_walks(
+    requests: list[Request], page_sizes: list[int], block_size: int, hash_trace: bool
+) -> tuple[dict[str, float], list[int]]:
+    """Infinite-capacity hit ratio per page size (keyed by str(page size)), and the block
+    node of every block reference in trace order."""
     hit: dict[str, float] = {}
     if hash_trace:
         accesses: list[int] = []
         for ps in page_sizes:
-            cached, total, accesses = _hash_walk(requests, ps, bs)
+            cached, total, accesses = _hash_walk(requests, ps, block_size)
             hit[str(ps)] = cached / total
     else:
-        accesses = _token_block_accesses(requests, bs)
+        accesses = _token_block_accesses(requests, block_size)
         for ps in page_sizes:
-            cached, total = _symbol_walk(requests, ps, bs)
+            cached, total = _symbol_walk(requests, ps, block_size)
             hit[str(ps)] = cached / total
+    return hit, accesses
+
+
+def _block_stats(accesses: list[int], block_size: int) -> dict[str, Any]:
     unique = len(set(accesses))
-    stats["blocks"] = {
+    return {
         "total": len(accesses),
         "unique": unique,
-        "unique_footprint_tokens": unique * bs,
+        "unique_footprint_tokens": unique * block_size,
         "block_reuse_ratio": 1 - unique / len(accesses),
     }
-    stats["prefix_cache"] = {"infinite_capacity_hit_rate": hit}
 
-    if reuse:
-        distances, cold = reuse_distances(accesses)
-        ordered = sorted(distances)
-        rd: dict[str, Any] = {"unit": "blocks", "references": len(accesses), "cold": cold}
-        if ordered:
-            for p in PERCENTILES:
-                rd[f"p{p}"] = percentile(ordered, p)
-        rd["histogram"] = _histogram(distances)
-        stats["reuse_distance"] = rd
 
+def _reuse_distance_stats(accesses: list[int]) -> dict[str, Any]:
+    distances, cold = reuse_distances(accesses)
+    ordered = sorted(distances)
+    rd: dict[str, Any] = {"unit": "blocks", "references": len(accesses), "cold": cold}
+    if ordered:
+        for p in PERCENTILES:
+            rd[f"p{p}"] = percentile(ordered, p)
+    rd["histogram"] = distance_histogram(distances)
+    return rd
+
+
+def _session_stats(requests: list[Request]) -> dict[str, Any]:
     sessions: dict[str, int] = {}
     think: list[float] = []
     for r in requests:
@@ -326,9 +292,10 @@ def trace_stats(
         sess["turns_max"] = max(sessions.values())
     if think:
         sess["think_time_ms_mean"] = sum(think) / len(think)
-    stats["sessions"] = sess
-    stats["skipped"] = trace.skipped
-    return stats
+    return sess
+
+
+# -- text rendering ------------------------------------------------------------------------
 
 
 def _n(x: float) -> str:
@@ -340,82 +307,98 @@ def _n(x: float) -> str:
 
 def format_stats(stats: dict[str, Any]) -> str:
     """Plain-text rendering of `trace_stats` output, one topic per line."""
-    lines: list[str] = []
-
-    def row(label: str, text: str) -> None:
-        lines.append(f"{label:<16}{text}")
-
-    if stats.get("path"):
-        row("trace", str(stats["path"]))
-    header = stats.get("header") or {}
-    if "generator" in header:
-        row("generator", str(header["generator"]))
-    if "source" in header:
-        row("source", str(header["source"]))
-    if "note" in header:
-        row("note", str(header["note"]))
-    row(
-        "requests",
-        f"{_n(stats['requests'])} ({stats['id_kind']}, block_size {stats['block_size']})",
-    )
-    t = stats["time"]
-    span_min = t["span_ms"] / 60000
-    rate = f"{t['rate_per_s']:.2f} req/s" if t["rate_per_s"] is not None else "n/a req/s"
-    row(
-        "span",
-        f"{_n(t['first_ms'])} - {_n(t['last_ms'])} ms ({span_min:.1f} min), {rate}, "
-        f"{_n(t['distinct_timestamps'])} distinct timestamps",
-    )
-    for key, label in (("input_length", "input tokens"), ("output_length", "output tokens")):
-        s = stats[key]
-        pcts = "  ".join(f"p{p} {_n(s[f'p{p}'])}" for p in PERCENTILES)
-        row(
-            label,
-            f"mean {s['mean']:,.0f}  min {_n(s['min'])}  {pcts}  max {_n(s['max'])}"
-            f"  (total {_n(s['total'])})",
+    rows = _header_rows(stats)
+    rows.append(
+        (
+            "requests",
+            f"{_n(stats['requests'])} ({stats['id_kind']}, block_size {stats['block_size']})",
         )
-    b = stats["blocks"]
-    row(
-        "blocks",
-        f"{_n(b['total'])} total / {_n(b['unique'])} unique; unique footprint "
-        f"{b['unique_footprint_tokens'] / 1e6:.1f} M tokens (unique x {stats['block_size']}); "
-        f"block reuse ratio {100 * b['block_reuse_ratio']:.1f} %",
     )
+    rows.append(("span", _span_text(stats["time"])))
+    for key, label in (("input_length", "input tokens"), ("output_length", "output tokens")):
+        rows.append((label, _summary_text(stats[key])))
+    rows.append(("blocks", _blocks_text(stats["blocks"], stats["block_size"])))
     hit = stats["prefix_cache"]["infinite_capacity_hit_rate"]
-    row(
-        "prefix hit",
-        "infinite-capacity token hit ratio: "
-        + ", ".join(f"{100 * v:.1f} % at page {k}" for k, v in hit.items()),
+    rows.append(
+        (
+            "prefix hit",
+            "infinite-capacity token hit ratio: "
+            + ", ".join(f"{100 * v:.1f} % at page {k}" for k, v in hit.items()),
+        )
     )
     rd = stats.get("reuse_distance")
     if rd is not None:
-        pcts = "  ".join(f"p{p} {_n(rd[f'p{p}'])}" for p in PERCENTILES if f"p{p}" in rd)
-        row(
+        rows += _reuse_distance_rows(rd)
+    rows.append(("sessions", _sessions_text(stats["sessions"])))
+    if stats.get("skipped"):
+        rows.append(("skipped", f"{_n(stats['skipped'])} bad lines (lenient read)"))
+    return "\n".join(f"{label:<16}{text}" for label, text in rows)
+
+
+def _header_rows(stats: dict[str, Any]) -> list[tuple[str, str]]:
+    rows = []
+    if stats.get("path"):
+        rows.append(("trace", str(stats["path"])))
+    header = stats.get("header") or {}
+    for key in ("generator", "source", "note"):
+        if key in header:
+            rows.append((key, str(header[key])))
+    return rows
+
+
+def _span_text(t: dict[str, Any]) -> str:
+    span_min = t["span_ms"] / 60000
+    rate = f"{t['rate_per_s']:.2f} req/s" if t["rate_per_s"] is not None else "n/a req/s"
+    return (
+        f"{_n(t['first_ms'])} - {_n(t['last_ms'])} ms ({span_min:.1f} min), {rate}, "
+        f"{_n(t['distinct_timestamps'])} distinct timestamps"
+    )
+
+
+def _summary_text(s: dict[str, Any]) -> str:
+    pcts = "  ".join(f"p{p} {_n(s[f'p{p}'])}" for p in PERCENTILES)
+    return (
+        f"mean {s['mean']:,.0f}  min {_n(s['min'])}  {pcts}  max {_n(s['max'])}"
+        f"  (total {_n(s['total'])})"
+    )
+
+
+def _blocks_text(b: dict[str, Any], block_size: int) -> str:
+    return (
+        f"{_n(b['total'])} total / {_n(b['unique'])} unique; unique footprint "
+        f"{b['unique_footprint_tokens'] / 1e6:.1f} M tokens (unique x {block_size}); "
+        f"block reuse ratio {100 * b['block_reuse_ratio']:.1f} %"
+    )
+
+
+def _reuse_distance_rows(rd: dict[str, Any]) -> list[tuple[str, str]]:
+    pcts = "  ".join(f"p{p} {_n(rd[f'p{p}'])}" for p in PERCENTILES if f"p{p}" in rd)
+    rows = [
+        (
             "reuse distance",
             f"(distinct blocks between references) {_n(rd['references'])} "
             f"references, {_n(rd['cold'])} cold  {pcts}",
         )
-        for bucket in rd["histogram"]:
-            rng = (
-                f"{_n(bucket['lo'])}"
-                if bucket["lo"] == bucket["hi"]
-                else f"{_n(bucket['lo'])}-{_n(bucket['hi'])}"
-            )
-            row("", f"  {rng:>17}: {_n(bucket['count'])}")
-    s = stats["sessions"]
-    if s["sessions"]:
-        extra = (
-            f", think time mean {s['think_time_ms_mean']:,.0f} ms"
-            if ("think_time_ms_mean" in s)
-            else ""
+    ]
+    for bucket in rd["histogram"]:
+        rng = (
+            f"{_n(bucket['lo'])}"
+            if bucket["lo"] == bucket["hi"]
+            else f"{_n(bucket['lo'])}-{_n(bucket['hi'])}"
         )
-        row(
-            "sessions",
-            f"{_n(s['sessions'])} sessions, {_n(s['requests_in_sessions'])} "
-            f"requests, turns mean {s['turns_mean']:.1f} max {s['turns_max']}{extra}",
-        )
-    else:
-        row("sessions", "none")
-    if stats.get("skipped"):
-        row("skipped", f"{_n(stats['skipped'])} bad lines (lenient read)")
-    return "\n".join(lines)
+        rows.append(("", f"  {rng:>17}: {_n(bucket['count'])}"))
+    return rows
+
+
+def _sessions_text(s: dict[str, Any]) -> str:
+    if not s["sessions"]:
+        return "none"
+    extra = (
+        f", think time mean {s['think_time_ms_mean']:,.0f} ms"
+        if ("think_time_ms_mean" in s)
+        else ""
+    )
+    return (
+        f"{_n(s['sessions'])} sessions, {_n(s['requests_in_sessions'])} "
+        f"requests, turns mean {s['turns_mean']:.1f} max {s['turns_max']}{extra}"
+    )

@@ -51,6 +51,17 @@ def test_deterministic_and_valid(kind: str, block_size: int, tmp_path: Path) -> 
     assert infinite_capacity_hit_rate(a, 1) > 0
 
 
+@pytest.mark.parametrize("kind", list(GENERATORS))
+def test_header_records_every_argument_but_block_size(kind: str) -> None:
+    # the generators record their arguments with locals(): same names, order and values as
+    # the signature, block_size left out (the header holds it on its own)
+    trace = generate(kind, seed=5, **SMALL[kind])
+    defaults = generator_params(kind)
+    want = {**defaults, **SMALL[kind], "seed": 5}
+    del want["block_size"]
+    assert list(trace.header.extra["params"].items()) == list(want.items())
+
+
 def _sessions(trace: Trace) -> dict[str, list[Any]]:
     out: dict[str, list[Any]] = defaultdict(list)
     for r in trace:

@@ -424,3 +424,16 @@ def test_parquet_bad_schema(tmp_path: Path) -> None:
     junk.write_bytes(b"not parquet at all")
     with pytest.raises(TraceError, match=":0: file: not a Parquet file"):
         read_trace(junk)
+
+
+def test_io_re_exports_the_reader_writer_and_formats() -> None:
+    import traces.io
+    from traces.formats import PARQUET_HEADER_KEY, file_kind
+    from traces.reader import MAX_SKIPPED_EXAMPLES, TraceReader
+    from traces.writer import write_trace as writer_write_trace
+
+    assert traces.io.TraceReader is TraceReader
+    assert traces.io.write_trace is writer_write_trace
+    assert traces.io.file_kind is file_kind
+    assert traces.io.MAX_SKIPPED_EXAMPLES == MAX_SKIPPED_EXAMPLES == 20
+    assert traces.io.PARQUET_HEADER_KEY == PARQUET_HEADER_KEY == b"hicache-trace"
