@@ -7,14 +7,15 @@ between a device KV tensor and a (pinned) host tensor; compute is not executed. 
 and set beside what ``hicache.latency`` predicts for it (``op_time`` of ``op_charges``, with
 the profile's constants for the backend, uncoupled: the driver never overlaps the two
 directions). :func:`run_replay` also measures the plain large-copy peak of the same machine and
-reports the large ops' effective bandwidth against it.
+reports the large ops' effective bandwidth against it. The figures of the op table (each op's
+prediction, the error summary, the terminal lines) are :mod:`replay.run_summary`'s, re-exported
+here.
 """
 
 from __future__ import annotations
 
-import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -22,19 +23,20 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from hicache.latency import OP_DIRECTION, Profile, op_charges, op_time
+from hicache.latency import Profile
+from hicache.lifecycle import PagedRequest
 from hicache.policy import PageAllocator
 from hicache.policy.allocator import device_pool
+from replay.bench_copies import cache_flusher, plain_copy_times
 from replay.controller import TorchController
-from replay.driver import TraceReplayer, trace_requests
-from replay.pools import KVPools, PoolSizing, model_pools
+from replay.driver import ReplayResult, TraceReplayer, trace_requests
+from replay.outputs import write_json, write_table
+from replay.pools import KVPools, PoolSizing, PoolSpec, model_pools
+from replay.run_summary import OP_COLUMNS, format_summary, predict, summarize_ops
 from replay.runtime import Runtime
 
 GiB = 1 << 30
 MiB = 1 << 20
-
-
-# --------------------------------------------------------------------------------- a run -----
 
 
 @dataclass(frozen=True)
@@ -144,93 +146,6 @@ def settings_from_config(cfg: Any, **overrides: Any) -> ReplaySettings:
     return replace(base, **vals)
 
 
-def predict(profile: Profile, ops: pd.DataFrame) -> np.ndarray:
-    """``hicache.latency``'s seconds for each op row (``kind, backend, nbytes, runs, layers``),
-    uncoupled (the replay never overlaps the two directions)."""
-    out = np.empty(len(ops))
-    for i, (kind, b, nb, runs, layers) in enumerate(
-        zip(ops.kind, ops.backend, ops.nbytes, ops.runs, ops.layers, strict=True)
-    ):
-        link = profile.link(str(b), OP_DIRECTION[str(kind)])
-        out[i] = op_time(link, op_charges(str(kind), int(nb), int(runs), int(layers)))
-    return out
-
-
-def _stats(err: np.ndarray) -> dict[str, float]:
-    if len(err) == 0:
-        return {"n": 0, "median": math.nan, "p90": math.nan}
-    return {
-        "n": len(err),
-        "median": float(np.median(err)),
-        "p90": float(np.quantile(err, 0.9)),
-        "max": float(err.max()),
-    }
-
-
-def summarize_ops(
-    ops: pd.DataFrame, peak_Bps: dict[str, float], large_op_bytes: int
-) -> dict[str, Any]:
-    """Prediction errors (``|predicted - measured| / measured``: median, p90, per direction and
-    overall) and the effective bandwidth of large ops against the plain-copy peak.
-
-    ``large_ops``: ops of at least ``large_op_bytes``, however fragmented (the largest tenth when
-    there are none that large). ``large_contiguous_ops``: those of them that are one contiguous
-    run (the largest single-run ops when there are none): the copies that *can* reach the peak,
-    which the >= 90 % target is about; fragmented ones pay per-run costs by design."""
-    out: dict[str, Any] = {"ops": len(ops)}
-    if ops.empty:
-        return out
-    err = ops.rel_err.to_numpy()
-    out["error"] = {"all": _stats(err)}
-    large: dict[str, Any] = {}
-    contiguous: dict[str, Any] = {}
-
-    def bw_row(sel: pd.DataFrame, how: str, d: str) -> dict[str, Any]:
-        bw = float((sel.nbytes / sel.duration_s).median())
-        return {
-            "selection": how,
-            "n": len(sel),
-            "median_Bps": bw,
-            "peak_Bps": peak_Bps.get(d, math.nan),
-            "fraction_of_peak": bw / peak_Bps[d] if d in peak_Bps else math.nan,
-        }
-
-    for d in ("d2h", "h2d"):
-        sel = ops[ops.direction == d]
-        out["error"][d] = _stats(sel.rel_err.to_numpy())
-        if sel.empty:
-            continue
-        big = sel[sel.nbytes >= large_op_bytes]
-        how = f">= {large_op_bytes:,} B"
-        if big.empty:
-            # no op that large in this trace: use the largest tenth instead, and say so
-            big = sel[sel.nbytes >= sel.nbytes.quantile(0.9)]
-            how = f"largest 10% (>= {int(big.nbytes.min()):,} B)"
-        large[d] = bw_row(big, how, d)
-        one = big[big.runs == 1]
-        how1 = f"{how}, one contiguous run"
-        if one.empty:
-            single = sel[sel.runs == 1]
-            if single.empty:
-                continue
-            one = single[single.nbytes >= single.nbytes.quantile(0.9)]
-            how1 = f"largest 10% of the one-run ops (>= {int(one.nbytes.min()):,} B)"
-        contiguous[d] = bw_row(one, how1, d)
-    out["large_ops"] = large
-    out["large_contiguous_ops"] = contiguous
-    out["bytes"] = {d: int(ops[ops.direction == d].nbytes.sum()) for d in ("d2h", "h2d")}
-    out["count"] = {k: int((ops.kind == k).sum()) for k in ("write", "load")}
-    if "issue_cpu_s" in ops.columns:
-        # how much of an op's measured time its issuing thread was busy issuing it: near 1,
-        # the op is bound by the CPU side (per-run copy calls, host gathers), not the link
-        share = (ops.issue_cpu_s / ops.duration_s).to_numpy()
-        out["issue_share"] = {
-            "median": float(np.median(share)),
-            "issue_bound_fraction": float(np.mean(share >= 0.8)),
-        }
-    return out
-
-
 def run_replay(
     trace: Any,
     settings: ReplaySettings,
@@ -243,9 +158,6 @@ def run_replay(
 ) -> dict[str, Any]:
     """Replay ``trace`` (see the module docstring); write ``out`` (``ops.parquet``/``.csv``,
     ``summary.json``, ``config.json``) if given; return the summary."""
-    from replay.bench import cache_flusher, plain_copy_times
-    from replay.outputs import write_json, write_table
-
     say = log or (lambda _msg: None)
     t_start = time.perf_counter()
     sizing = settings.pools()
@@ -259,68 +171,25 @@ def run_replay(
     )
     reqs = trace_requests(trace, settings.page_size, settings.max_requests)
     notes = [*settings.notes, *sizing.notes]
-    too_big = sum(
-        1 for r in reqs if r.input_length + r.output_length + spec.page_size > sizing.device_tokens
-    )
+    too_big = _unservable_note(reqs, sizing)
     if too_big:
-        # such a request can never be served: it only shows up as an OOM, with no copies
-        notes.append(
-            f"{too_big} of {len(reqs)} requests do not fit the {sizing.device_tokens:,}-token "
-            "device pool; raise the device budget or shrink the geometry (--layers, "
-            "--token-layer-bytes)"
-        )
-        say(notes[-1])
+        notes.append(too_big)
+        say(too_big)
     pools = KVPools(spec, runtime)
-    # the plain large-copy peak of this very run, the yardstick for the large ops, measured
-    # between the pools themselves (a registered host pool and a caching-allocator buffer
-    # need not copy at the same rate); the warm-up and the replay overwrite what it leaves
-    peak_bytes = max(8, min(settings.peak_bytes, spec.device_bytes, spec.host_bytes) // 8 * 8)
-    assert pools.host is not None
-    bufs = (pools.device, pools.host)
-    peak = {
-        d: peak_bytes
-        / float(np.median(plain_copy_times(runtime, peak_bytes, d, True, 5, 1, buffers=bufs)))
-        for d in ("d2h", "h2d")
-    }
+    peak_bytes, peak = _copy_peak(runtime, pools, settings.peak_bytes)
     say("plain-copy peak: " + ", ".join(f"{d} {v / 1e9:.2f} GB/s" for d, v in peak.items()))
-    device = device_pool(spec.device_pages, spec.page_size)
-    host = PageAllocator(spec.host_pages, spec.page_size, "host")
-    ctrl = TorchController(device, host, pools, runtime, backend=settings.backend)
-    assert ctrl.engine is not None
-    largest = min(spec.device_pages, spec.host_pages)
-    if settings.warmup_pages is None:
-        # a write copies part of one request's KV, a load what one batch reuses: the longest
-        # request bounds nearly every op (a merged load of several can exceed it, and then
-        # pays its staging allocation inside its time)
-        p = spec.page_size
-        longest = max((-(-(r.input_length + r.output_length) // p) for r in reqs), default=1)
-        warm = min(largest, longest)
-    else:
-        warm = min(settings.warmup_pages, largest)
-    t_warm = time.perf_counter()
-    ctrl.engine.warmup(warm)
-    say(f"warm-up: ops of 1-{warm} pages, {time.perf_counter() - t_warm:.2f} s (untimed)")
+    ctrl = TorchController(
+        device_pool(spec.device_pages, spec.page_size),
+        PageAllocator(spec.host_pages, spec.page_size, "host"),
+        pools,
+        runtime,
+        backend=settings.backend,
+    )
+    _warm_up(ctrl, _warmup_pages(settings, spec, reqs), say)
     if settings.verify:
         pools.device.zero_()  # the warm-up copied zeros around, but keep the start state plain
-    rp = TraceReplayer(
-        ctrl,
-        write_policy=settings.write_policy,
-        eviction=settings.eviction,
-        outputs=settings.outputs,
-        load_back_threshold=settings.load_back_threshold,
-        verify=settings.verify,
-        forward=cache_flusher(runtime, settings.flush_bytes),
-    )
-    t_replay = time.perf_counter()
-    say(f"replaying {len(reqs)} requests ({settings.backend} IO)")
-    result = rp.run(reqs, settings.batch_tokens, settings.batch_requests)
-    replay_s = time.perf_counter() - t_replay
-    ops = pd.DataFrame([r.as_dict() for r in ctrl.records])
-    if ops.empty:
-        ops = pd.DataFrame(columns=[*OP_COLUMNS])
-    ops = ops.sort_values("op_id", kind="stable").reset_index(drop=True)
-    ops["predicted_s"] = predict(profile, ops) if len(ops) else []
-    ops["rel_err"] = (ops.predicted_s - ops.duration_s).abs() / ops.duration_s
+    result, replay_s = _replay(ctrl, runtime, settings, reqs, say)
+    ops = _op_table(ctrl, profile)
     summary = {
         "trace": str(getattr(trace, "path", "") or ""),
         "requests": len(reqs),
@@ -351,55 +220,90 @@ def run_replay(
     return summary
 
 
-OP_COLUMNS = (
-    "op_id",
-    "kind",
-    "direction",
-    "backend",
-    "layout",
-    "nbytes",
-    "pages",
-    "runs",
-    "layers",
-    "calls",
-    "nodes",
-    "issue_s",
-    "duration_s",
-    "host_s",
-    "issue_cpu_s",
-)
+def _unservable_note(reqs: Sequence[PagedRequest], sizing: PoolSizing) -> str | None:
+    """A note when some requests cannot fit the device pool, else None. Such a request can
+    never be served: it only shows up as an OOM, with no copies."""
+    page = sizing.spec.page_size
+    too_big = sum(1 for r in reqs if r.input_length + r.output_length + page > sizing.device_tokens)
+    if not too_big:
+        return None
+    return (
+        f"{too_big} of {len(reqs)} requests do not fit the {sizing.device_tokens:,}-token "
+        "device pool; raise the device budget or shrink the geometry (--layers, "
+        "--token-layer-bytes)"
+    )
 
 
-def format_summary(s: dict[str, Any]) -> str:
-    """A few lines for the terminal."""
-    c = s["cache"]
-    lines = [
-        f"{s['requests']} requests on {s['device']} ({s['machine'].get('gpu_name', '')}): hit "
-        f"rate {c['hit_rate']:.2%}; {s.get('count', {}).get('write', 0)} writes, "
-        f"{s.get('count', {}).get('load', 0)} loads; replay {s['replay_s']:.2f} s",
-        f"profile: {s['profile']['path'] or 'shipped default'} ({s['profile']['gpu']}, "
-        f"measured={s['profile']['measured']})",
-    ]
-    for d, e in s.get("error", {}).items():
-        if e.get("n"):
-            lines.append(
-                f"  prediction |rel err| {d:>3}: median {e['median']:.1%}, p90 {e['p90']:.1%} "
-                f"(n={e['n']})"
-            )
-    for key, what in (("large_ops", "large"), ("large_contiguous_ops", "large contiguous")):
-        for d, v in s.get(key, {}).items():
-            lines.append(
-                f"  {what} {d} ops ({v['selection']}, n={v['n']}): {v['median_Bps'] / 1e9:.2f} "
-                f"GB/s = {v['fraction_of_peak']:.0%} of the plain-copy peak "
-                f"{v['peak_Bps'] / 1e9:.2f} GB/s"
-            )
-    if "issue_share" in s:
-        i = s["issue_share"]
-        lines.append(
-            f"  issuing thread busy for a median {i['median']:.0%} of an op's time; "
-            f"{i['issue_bound_fraction']:.0%} of ops issue-bound (>= 80%)"
-        )
-    return "\n".join(lines)
+def _copy_peak(runtime: Runtime, pools: KVPools, peak_bytes: int) -> tuple[int, dict[str, float]]:
+    """The plain large-copy peak of this very run per direction (B/s), the yardstick for the
+    large ops, and the copy size it used (``peak_bytes``, at most either pool). Measured
+    between the pools themselves (a registered host pool and a caching-allocator buffer need
+    not copy at the same rate); the warm-up and the replay overwrite what it leaves."""
+    spec = pools.spec
+    nbytes = max(8, min(peak_bytes, spec.device_bytes, spec.host_bytes) // 8 * 8)
+    assert pools.host is not None
+    bufs = (pools.device, pools.host)
+    peak = {
+        d: nbytes / float(np.median(plain_copy_times(runtime, nbytes, d, True, 5, 1, buffers=bufs)))
+        for d in ("d2h", "h2d")
+    }
+    return nbytes, peak
+
+
+def _warmup_pages(settings: ReplaySettings, spec: PoolSpec, reqs: Sequence[PagedRequest]) -> int:
+    """The largest warm-up op in pages (``settings.warmup_pages``; at most the smaller pool)."""
+    largest = min(spec.device_pages, spec.host_pages)
+    if settings.warmup_pages is not None:
+        return min(settings.warmup_pages, largest)
+    # a write copies part of one request's KV, a load what one batch reuses: the longest
+    # request bounds nearly every op (a merged load of several can exceed it, and then
+    # pays its staging allocation inside its time)
+    p = spec.page_size
+    longest = max((-(-(r.input_length + r.output_length) // p) for r in reqs), default=1)
+    return min(largest, longest)
+
+
+def _warm_up(ctrl: TorchController, pages: int, say: Callable[[str], None]) -> None:
+    """Untimed ops of 1, 2, 4, ... up to ``pages`` pages through the controller's engine."""
+    assert ctrl.engine is not None
+    t_warm = time.perf_counter()
+    ctrl.engine.warmup(pages)
+    say(f"warm-up: ops of 1-{pages} pages, {time.perf_counter() - t_warm:.2f} s (untimed)")
+
+
+def _replay(
+    ctrl: TorchController,
+    runtime: Runtime,
+    settings: ReplaySettings,
+    reqs: Sequence[PagedRequest],
+    say: Callable[[str], None],
+) -> tuple[ReplayResult, float]:
+    """``reqs`` through the policy core on ``ctrl`` (a cache flush where a forward pass would
+    run); the cache figures and the replay's seconds."""
+    rp = TraceReplayer(
+        ctrl,
+        write_policy=settings.write_policy,
+        eviction=settings.eviction,
+        outputs=settings.outputs,
+        load_back_threshold=settings.load_back_threshold,
+        verify=settings.verify,
+        forward=cache_flusher(runtime, settings.flush_bytes),
+    )
+    t_replay = time.perf_counter()
+    say(f"replaying {len(reqs)} requests ({settings.backend} IO)")
+    result = rp.run(reqs, settings.batch_tokens, settings.batch_requests)
+    return result, time.perf_counter() - t_replay
+
+
+def _op_table(ctrl: TorchController, profile: Profile) -> pd.DataFrame:
+    """The controller's op records in issue order, with ``predicted_s`` and ``rel_err``."""
+    ops = pd.DataFrame([r.as_dict() for r in ctrl.records])
+    if ops.empty:
+        ops = pd.DataFrame(columns=[*OP_COLUMNS])
+    ops = ops.sort_values("op_id", kind="stable").reset_index(drop=True)
+    ops["predicted_s"] = predict(profile, ops) if len(ops) else []
+    ops["rel_err"] = (ops.predicted_s - ops.duration_s).abs() / ops.duration_s
+    return ops
 
 
 __all__ = [
