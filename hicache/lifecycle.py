@@ -67,21 +67,29 @@ def paged_requests(
     trace: Trace, page_size: int, *, rate_scale: float = 1.0, limit: int = 0
 ) -> list[PagedRequest]:
     """The requests of a ``traces.schema.Trace`` at ``page_size`` (the first ``limit`` if > 0),
-    in file order; timestamps and think times divided by ``rate_scale``."""
+    in file order; timestamps and think times divided by ``rate_scale``.
+
+    Arrival times count from the first request (a trace's timestamps may be absolute; only
+    their differences matter), so a simulation's clock starts near 0 whatever the trace's
+    epoch, and shifting every timestamp of a trace changes nothing.
+    """
     from traces.keys import page_symbols
 
-    out = []
+    out: list[PagedRequest] = []
     bs = trace.block_size
+    origin = 0.0
     for i, r in enumerate(trace):
         if limit and i >= limit:
             break
+        if i == 0:
+            origin = r.timestamp
         out.append(
             PagedRequest(
                 PageKey(page_symbols(r, page_size, bs)),
                 r.input_length,
                 r.output_length,
                 rid=i,
-                arrival_s=r.timestamp / 1000.0 / rate_scale,
+                arrival_s=(r.timestamp - origin) / 1000.0 / rate_scale,
                 session=r.session_id,
                 turn=r.turn,
                 think_time_s=(r.think_time_ms or 0.0) / 1000.0 / rate_scale,

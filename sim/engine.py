@@ -57,8 +57,10 @@ class Engine:
         timeline_max_rows: int = 20_000,
         progress: bool | None = None,
         load_back_threshold: int = 10,
+        stall_events: int = 0,
     ) -> None:
         self.env = simpy.Environment()
+        self.stall_events = stall_events  # the watchdog's limit (0: by the trace's size)
         self.recorder = Recorder(timeline_max_rows=timeline_max_rows)
         p = page_size
         self.device = device_pool(device_tokens // p, p)
@@ -165,6 +167,28 @@ class Engine:
         )  # fmt: skip
 
     # ------------------------------------------------------------------------------- run --
+    def _run_watched(self, total: int) -> None:
+        """``env.run(until=all done)`` with a watchdog: more than ``stall_events`` events in a
+        row at one simulated time means the clock has stopped (a model bug, such as a timer
+        re-armed forever); that is an error naming the time, not a hang."""
+        env, done = self.env, self._all_done
+        limit = self.stall_events or max(1_000_000, 50 * total)
+        step = env.step
+        last, same = env.now, 0
+        while not done.processed:
+            try:
+                step()
+            except simpy.core.EmptySchedule:
+                why = "the head request cannot be admitted"
+                raise RuntimeError(_stall_message(self, total, why)) from None
+            if env.now != last:
+                last, same = env.now, 0
+                continue
+            same += 1
+            if same > limit:
+                why = f"{same:,} events without the clock advancing (a model bug; please report)"
+                raise SimulationStalled(_stall_message(self, total, why))
+
     def run(self) -> float:
         """Simulate until every request has finished; returns the simulated duration."""
         from tqdm import tqdm
@@ -187,20 +211,22 @@ class Engine:
                          or None, mininterval=0.5)  # fmt: skip
         try:
             if total:
-                try:
-                    env.run(until=self._all_done)
-                except RuntimeError as e:
-                    if self._all_done.triggered:
-                        raise
-                    s = self.sched
-                    raise RuntimeError(
-                        f"simulation stalled at t={env.now:.3f}s with {total - self._finished_n} "
-                        f"unfinished requests ({len(s.waiting)} waiting, {len(s.running)} "
-                        "running): the head request cannot be admitted"
-                    ) from e
+                self._run_watched(total)
         finally:
             self._bar.close()
         return float(env.now)
+
+
+def _stall_message(engine: Engine, total: int, why: str) -> str:
+    s = engine.sched
+    return (
+        f"simulation stalled at t={engine.env.now:.3f}s with {total - engine._finished_n} "
+        f"unfinished requests ({len(s.waiting)} waiting, {len(s.running)} running): {why}"
+    )
+
+
+class SimulationStalled(RuntimeError):
+    """The simulated clock stopped advancing (a model bug): raised instead of hanging."""
 
 
 def trace_checksum(path: Path) -> str:

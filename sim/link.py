@@ -7,7 +7,8 @@ caller);
 while the opposite direction has a job in service, the job progresses at rate ``eta`` (< 1) of
 its own. Events happen only when a job starts or ends (at most a few per job): each direction
 keeps one pending timer, re-armed through a generation counter when the other direction's state
-changes (SimPy timeouts cannot be cancelled; stale ones are ignored).
+changes (SimPy timeouts cannot be cancelled; stale ones are ignored). A job ends when its current
+timer fires (completion by event identity, never by comparing leftover work to an epsilon).
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from functools import partial
 import simpy
 
 DIRECTIONS = ("d2h", "h2d")
-_EPS = 1e-12  # seconds of remaining work below which a job is done (no near-zero re-arming)
 
 
 @dataclass(slots=True, eq=False)
@@ -161,10 +161,12 @@ class DuplexLink:
     def _on_timer(self, d: _Direction, gen: int) -> None:
         if gen != d.gen or d.job is None:
             return  # stale: re-armed since
-        self._advance(d)
-        if d.remaining > _EPS:
-            self._arm(d)
-            return
+        # the current timer was armed for exactly the job's remaining work at a rate that has
+        # not changed since (any change re-arms it), so its firing *is* the job's completion.
+        # No comparison of the leftover float against an epsilon: at large simulated times the
+        # spacing of float times exceeds any fixed epsilon and such a test never passes.
+        d.remaining = 0.0
+        d.t = self.env.now
         job = d.job
         job.end = self.env.now
         d.job = None
