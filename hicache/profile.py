@@ -124,7 +124,8 @@ class Profile:
 
 
 _LINK_KEYS = ("alpha_s", "beta_Bps", "gamma_s", "eta")
-_COMPUTE_KEYS = (
+#: the compute constants of a profile (a CUDA bench measures mfu and decode_hbm_efficiency)
+COMPUTE_KEYS = (
     "mfu",
     "prefill_overhead_s",
     "attn_efficiency",
@@ -146,7 +147,7 @@ def profile_to_dict(profile: Profile) -> dict[str, Any]:
             b: {d: {k: getattr(profile.links[b][d], k) for k in _LINK_KEYS} for d in DIRECTIONS}
             for b in BACKENDS
         },
-        "compute": {k: getattr(profile, k) for k in _COMPUTE_KEYS},
+        "compute": {k: getattr(profile, k) for k in COMPUTE_KEYS},
     }
 
 
@@ -209,8 +210,8 @@ def profile_from_dict(data: Mapping[str, Any], source: str = "<profile>") -> Pro
                 links[b][d] = LinkParams(**vals)
             except ValueError as e:
                 raise ValueError(f"{source}: {where}.{e}") from None
-    comp = _check_keys(top["compute"], "compute", _COMPUTE_KEYS, source)
-    cvals = {k: _number(comp[k], f"compute.{k}", source) for k in _COMPUTE_KEYS}
+    comp = _check_keys(top["compute"], "compute", COMPUTE_KEYS, source)
+    cvals = {k: _number(comp[k], f"compute.{k}", source) for k in COMPUTE_KEYS}
     try:
         return Profile(
             gpu=top["gpu"],

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from hicache.latency import BACKENDS, DIRECTIONS, LinkParams, Profile
+from hicache.profile import COMPUTE_KEYS
 from replay.fit import (
     ETA_MIN_BYTES,
     LinkFit,
@@ -40,15 +41,6 @@ from replay.outputs import read_json, read_table
 
 if TYPE_CHECKING:
     from hicache.hardware import GpuSpec
-
-#: a profile's compute constants (a CUDA bench measures mfu and decode_hbm_efficiency)
-_COMPUTE_KEYS = (
-    "mfu",
-    "prefill_overhead_s",
-    "attn_efficiency",
-    "decode_hbm_efficiency",
-    "decode_overhead_s",
-)
 
 
 @dataclass
@@ -153,10 +145,10 @@ def _fit_links(
 def _compute_constants(
     bench: pd.DataFrame, base: Profile, gpu_spec: GpuSpec, cuda: bool
 ) -> tuple[dict[str, float], list[str]]:
-    """The compute constants (:data:`_COMPUTE_KEYS`): those of ``base``, with ``mfu`` and
+    """The compute constants (:data:`COMPUTE_KEYS`): those of ``base``, with ``mfu`` and
     ``decode_hbm_efficiency`` measured from the GEMM and HBM rows of a CUDA bench; and a
     line per measured value saying how."""
-    compute = {k: getattr(base, k) for k in _COMPUTE_KEYS}
+    compute = {k: getattr(base, k) for k in COMPUTE_KEYS}
     how = []
     gemm = bench[bench.kind == "gemm"]
     if cuda and len(gemm):

@@ -26,10 +26,17 @@ request): a test that the copies move the right bytes to the right pages in both
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
-from hicache.lifecycle import Admitted, KVLifecycle, PagedRequest, ReqKV, paged_requests
+from hicache.lifecycle import (
+    Admitted,
+    CacheCounters,
+    KVLifecycle,
+    PagedRequest,
+    ReqKV,
+    paged_requests,
+)
 from hicache.policy import HiRadixCache, PageKey
 from replay.controller import TorchController
 
@@ -42,29 +49,12 @@ def trace_requests(trace: Any, page_size: int, limit: int = 0) -> list[PagedRequ
 
 
 @dataclass
-class ReplayResult:
-    """Cache counters of a replay (the fields of ``sim.hitrate.HitRateResult``) + batches."""
+class ReplayResult(CacheCounters):
+    """The cache counters of a replay (:class:`hicache.lifecycle.CacheCounters`, the same as
+    the cache-only replay's), plus batches served and pages whose bytes were verified."""
 
-    requests: int = 0
     batches: int = 0
-    prompt_tokens: int = 0
-    device_hit_tokens: int = 0
-    host_hit_tokens: int = 0
-    tokens_written: int = 0
-    tokens_loaded: int = 0
-    device_evicted_tokens: int = 0
-    host_evicted_tokens: int = 0
-    host_alloc_failures: int = 0
-    load_back_failures: int = 0
-    oom_requests: int = 0
     verified_pages: int = 0
-
-    @property
-    def hit_rate(self) -> float:
-        return (self.device_hit_tokens + self.host_hit_tokens) / max(1, self.prompt_tokens)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "hit_rate": self.hit_rate}
 
 
 def _stamps(key: Sequence[Hashable], upto: int) -> list[int]:
@@ -230,14 +220,8 @@ class TraceReplayer:
     def finish(self) -> ReplayResult:
         """Wait for the last copies and fill in the controller and cache counters."""
         self._sync()
-        res, ctrl, st = self.result, self.ctrl, self.cache.stats
-        res.tokens_written = ctrl.tokens_written
-        res.tokens_loaded = ctrl.tokens_loaded
-        res.device_evicted_tokens = st.device_evicted_tokens
-        res.host_evicted_tokens = st.host_evicted_tokens
-        res.host_alloc_failures = ctrl.host_alloc_failures
-        res.load_back_failures = st.load_back_failures
-        return res
+        self.result.collect(self.cache, self.ctrl)
+        return self.result
 
 
 __all__ = ["ReplayResult", "TraceReplayer", "trace_requests"]
