@@ -59,7 +59,7 @@ def _load_trace(path: Path) -> Any:
 def _write_csv(rows: Sequence[dict[str, Any]], path: Path) -> None:
     import csv
 
-    from hicache.fsutil import write_atomic
+    from traces.fsutil import write_atomic
 
     def write(tmp: Path) -> None:
         with open(tmp, "w", newline="", encoding="utf-8") as f:
@@ -391,8 +391,8 @@ def _demo_markdown(comparison: str, table: str) -> str:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from hicache.fsutil import write_text_atomic
     from studies.report import build_report
+    from traces.fsutil import write_text_atomic
 
     args.out.mkdir(parents=True, exist_ok=True)
     trace = _load_trace(args.trace)

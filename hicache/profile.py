@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hicache.fsutil import write_text_atomic
+from traces.fsutil import write_text_atomic
 
 #: IO backends a profile must describe (SGLang ``--hicache-io-backend`` on CUDA).
 BACKENDS = ("kernel", "direct")

@@ -1,60 +1,40 @@
 """Atomic writes of the replay's output files (JSON, Parquet + CSV tables).
 
-Every file is written to a temporary name in the destination folder and renamed into place, so
-a reader (or a crashed run) never leaves half a file behind (ENGINEERING.md: outputs are atomic).
+Every file goes through the project's one atomic writer (:mod:`traces.fsutil`): a reader, or a
+crashed run, never sees half a file.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-
-def _atomic(path: Path, write: Callable[[Path], None]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give what open() would
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+from traces.fsutil import (
+    write_csv_atomic,
+    write_json_atomic,
+    write_parquet_atomic,
+    write_text_atomic,
+)
 
 
 def write_json(obj: Any, path: Path) -> None:
     """``obj`` as indented JSON (keys in insertion order) ending in a newline."""
-    text = json.dumps(obj, indent=2, default=str) + "\n"
-
-    def write(p: Path) -> None:
-        p.write_text(text, encoding="utf-8")
-
-    _atomic(path, write)
+    write_json_atomic(obj, path, indent=2)
 
 
 def write_text(text: str, path: Path) -> None:
     """``text`` as UTF-8."""
-
-    def write(p: Path) -> None:
-        p.write_text(text, encoding="utf-8")
-
-    _atomic(path, write)
+    write_text_atomic(text, path)
 
 
 def write_table(df: pd.DataFrame, folder: Path, stem: str) -> tuple[Path, Path]:
     """``df`` as ``folder/stem.parquet`` and ``folder/stem.csv``; returns both paths."""
     pq, csv = folder / f"{stem}.parquet", folder / f"{stem}.csv"
-    _atomic(pq, lambda p: df.to_parquet(p, index=False))
-    _atomic(csv, lambda p: df.to_csv(p, index=False))
+    write_parquet_atomic(df, pq)
+    write_csv_atomic(df, csv)
     return pq, csv
 
 

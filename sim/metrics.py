@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from hicache import fsutil
+from traces import fsutil
 
 
 class RequestRow(NamedTuple):

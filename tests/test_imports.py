@@ -22,8 +22,7 @@ def test_policy_core_imports_only_the_standard_library() -> None:
 def test_the_shared_model_loads_neither_simpy_nor_torch_nor_pandas() -> None:
     # the static table is tests/test_layers.py; this checks what really gets loaded
     loaded = _loaded_after(
-        "import hicache.config, hicache.hardware, hicache.latency, hicache.lifecycle, "
-        "hicache.fsutil"
+        "import hicache.config, hicache.hardware, hicache.latency, hicache.lifecycle, traces.fsutil"
     )
     assert not loaded & {"simpy", "torch", "pandas", "matplotlib", "sim", "replay"}, loaded
 

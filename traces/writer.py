@@ -7,16 +7,14 @@ written here always reads back. The entry point is `write_trace` (also exported 
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import json
-import os
-import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
 from traces.formats import PARQUET_HEADER_KEY, file_kind
+from traces.fsutil import write_atomic
 from traces.schema import (
     REQUEST_FIELDS,
     REQUIRED_FIELDS,
@@ -43,8 +41,9 @@ def write_trace(
     The header is `header`, else the Trace's own header, else the default one. Every request
     is validated as it is written (against the header's block_size, in order), so a file
     this function writes always reads back. The data goes to a temporary file in the same
-    directory, which then replaces `path` (`os.replace`): readers never see a half-written
-    trace, and on any failure `path` is left as it was and the temporary file is removed.
+    directory, which then replaces `path` (the one atomic writer, `traces.fsutil`): readers
+    never see a half-written trace, and on any failure `path` is left as it was and the
+    temporary file is removed.
     Raises `TraceError` for a bad request (naming the line it would have had), for an empty
     trace and for OS errors (line 0, field "file").
     """
@@ -54,15 +53,9 @@ def write_trace(
         header = trace_or_requests.header if isinstance(trace_or_requests, Trace) else None
     if header is None:
         header = TraceHeader()
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:12]}.tmp")
-    # os.open with mode 0o666 (not mkstemp's 0o600): the result gets the usual umask-based
-    # permissions, like any file the user writes.
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    except OSError as exc:
-        raise _cannot_write(path, exc) from None
-    try:
-        with os.fdopen(fd, "wb") as raw:
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as raw:
             if kind == "parquet":
                 _write_parquet(trace_or_requests, header, raw, path)
             elif kind == "jsonl.gz":
@@ -71,13 +64,11 @@ def write_trace(
                     _write_jsonl(trace_or_requests, header, gz, path)
             else:
                 _write_jsonl(trace_or_requests, header, raw, path)
-        os.replace(tmp, path)
-    except BaseException as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        if isinstance(exc, OSError):
-            raise _cannot_write(path, exc) from None
-        raise
+
+    try:
+        write_atomic(path, write, make_parents=False)
+    except OSError as exc:
+        raise _cannot_write(path, exc) from None
     return path
 
 

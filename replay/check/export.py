@@ -6,6 +6,8 @@ import shutil
 import tarfile
 from pathlib import Path
 
+from traces.fsutil import write_atomic
+
 #: the archive of the whole check that ``--export`` writes
 ARCHIVE = "device-check.tar.gz"
 
@@ -23,12 +25,11 @@ def export(out: Path, dest: Path) -> list[Path]:
         if (out / name).is_file():
             shutil.copyfile(out / name, dest / name)
             written.append(dest / name)
-    archive = dest / ARCHIVE
-    tmp = dest / f".{ARCHIVE}.tmp"
-    with tarfile.open(tmp, "w:gz") as tar:
-        tar.add(out, arcname=out.resolve().name or "device-check")
-    tmp.replace(archive)
-    written.append(archive)
+    def write(tmp: Path) -> None:
+        with tarfile.open(tmp, "w:gz") as tar:
+            tar.add(out, arcname=out.resolve().name or "device-check")
+
+    written.append(write_atomic(dest / ARCHIVE, write))
     return written
 
 

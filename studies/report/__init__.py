@@ -35,7 +35,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hicache.fsutil import write_text_atomic
 from studies.report.canvas import ReportFigure
 from studies.report.derive import (
     BREAKDOWN_PARTS,
@@ -66,6 +65,7 @@ from studies.report.load import (
 )
 from studies.report.pdf import write_pdf
 from studies.report.png import plot_hitrate
+from traces.fsutil import write_text_atomic
 
 
 def build_report(dirs: list[Path], out: Path, pdf: bool = False) -> Path:

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from hicache.fsutil import write_atomic
 from studies.report.canvas import RC, ReportFigure, new_figure
 from studies.report.derive import COMPARISON, comparison_table
 from studies.report.load import ReportData
+from traces.fsutil import write_atomic
 
 #: Lines of the comparison table per text page.
 _LINES_PER_PAGE = 60

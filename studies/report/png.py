@@ -7,7 +7,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from hicache.fsutil import write_atomic
+from traces.fsutil import write_atomic
 
 
 def plot_hitrate(

@@ -44,7 +44,6 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hicache.fsutil import write_bytes_atomic, write_json_atomic
 from studies.sweep.executors import EXECUTORS, run_local, run_ray
 from studies.sweep.grid import Axis, AxisValue, Grid, Scalar, load_grid, parse_grid
 from studies.sweep.hitrate import run_hitrate_grid
@@ -62,6 +61,7 @@ from studies.sweep.jobs import (
     run_job,
 )
 from studies.sweep.results import collect_results, write_results
+from traces.fsutil import write_bytes_atomic, write_json_atomic
 
 if TYPE_CHECKING:
     import pandas as pd

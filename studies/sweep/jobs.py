@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hicache.config import ConfigError, config_to_dict, load_config, with_overrides
-from hicache.fsutil import write_bytes_atomic
 from studies.sweep.grid import Grid, Scalar, resolve_path, setting_text
+from traces.fsutil import write_bytes_atomic
 
 if TYPE_CHECKING:
     from traces.schema import Trace

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hicache.fsutil import write_csv_atomic, write_parquet_atomic
 from studies.sweep.jobs import JobSpec, is_finished
+from traces.fsutil import write_csv_atomic, write_parquet_atomic
 
 if TYPE_CHECKING:
     import pandas as pd

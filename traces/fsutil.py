@@ -1,5 +1,8 @@
 """The one atomic writer: every output file of the project goes through :func:`write_atomic`.
 
+It lives in the bottom layer (``traces``, which imports nothing of ours) so that every layer
+above can use it, the trace writer included.
+
 A file is written to a temporary name in its destination folder, flushed and fsynced, given the
 mode a plain ``open()`` would give it, and renamed into place; on any failure the temporary
 file is removed. A reader, or a run killed half-way, never sees half a file.
@@ -21,14 +24,18 @@ def _umask_mode() -> int:
     return 0o666 & ~umask
 
 
-def write_atomic(path: str | Path, write: Callable[[Path], object]) -> Path:
+def write_atomic(
+    path: str | Path, write: Callable[[Path], object], *, make_parents: bool = True
+) -> Path:
     """Call ``write(tmp)`` to fill a temporary file beside ``path``, then rename it to ``path``.
 
     ``write`` may open ``tmp`` itself (pandas' ``to_parquet``, matplotlib's ``savefig``): the
-    file is fsynced after it returns. The parent folder is created if missing.
+    file is fsynced after it returns. The parent folder is created if missing, unless
+    ``make_parents`` is False (then a missing folder is the ``OSError`` of creating the file).
     """
     dest = Path(path)
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    if make_parents:
+        dest.parent.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
     os.close(fd)
     tmp = Path(name)
