@@ -3,8 +3,8 @@
 The policy core never moves bytes and never waits. It asks a controller to reserve pages and to
 start copies, and it drains the controller's FIFO ack queues in ``writing_check`` /
 ``loading_check``. Three implementations share this interface: :class:`ManualController` (tests
-decide when copies finish), ``sim.engine.SimController`` (copies are jobs on a SimPy PCIe link) and
-``replay.controller.TorchController`` (real copies on CUDA streams).
+decide when copies finish), ``sim.controller.SimController`` (copies are jobs on a SimPy PCIe
+link) and ``replay.controller.TorchController`` (real copies on CUDA streams).
 
 Semantics shared by every implementation (they follow SGLang 0.5.14):
 
