@@ -18,8 +18,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from traces.fsutil import write_text_atomic
-
 #: IO backends a profile must describe (SGLang ``--hicache-io-backend`` on CUDA).
 BACKENDS = ("kernel", "direct")
 #: Copy directions: device->host (writes/backups) and host->device (load_back).
@@ -284,10 +282,12 @@ def load_profile(path: str | Path | None, gpu: str, link: str) -> Profile:
         text = p.read_text(encoding="utf-8")
     except OSError as e:
         raise ValueError(f"{p}: cannot read profile: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{p}: cannot read profile: not a UTF-8 text (JSON) file") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
-        raise ValueError(f"{p}:{e.lineno}: invalid JSON: {e.msg}") from None
+        raise ValueError(f"{p}:{e.lineno}: invalid JSON: {json_error_text(e)}") from None
     if not isinstance(data, dict):
         raise ValueError(f"{p}: top level: expected an object")
     prof = profile_from_dict(data, source=str(p))
@@ -298,7 +298,49 @@ def load_profile(path: str | Path | None, gpu: str, link: str) -> Profile:
     return prof
 
 
+def json_error_text(e: json.JSONDecodeError) -> str:
+    """``e``'s message with its column: ``Unterminated string starting at column 5`` (the
+    message of some errors already ends in "at")."""
+    return f"{e.msg.removesuffix(' at')} at column {e.colno}"
+
+
+# --- where a profile was measured ------------------------------------------------------------
+
+#: Provenance key naming the machine a profile was measured on: ``"cpu"`` (CPU tensors), a
+#: ``hicache.hardware`` GPU preset, or ``"cuda:<device name>"`` for a GPU without a preset.
+#: Written by ``replay.calibrate``; absent from the shipped estimates (nothing was measured).
+MEASURED_ON = "measured_on"
+
+
+def measured_on(provenance: Mapping[str, Any]) -> str | None:
+    """The machine a profile was measured on (see :data:`MEASURED_ON`), or None for an
+    estimate or a profile that does not say. Profiles written before the key existed are
+    recognised by the calibration's ``machine_device`` = ``cpu``."""
+    value = provenance.get(MEASURED_ON)
+    if isinstance(value, str) and value:
+        return value
+    if provenance.get("machine_device") == "cpu":
+        return "cpu"
+    return None
+
+
+def machine_mismatch(provenance: Mapping[str, Any], gpu: str) -> str | None:
+    """Why a profile with this provenance does not describe ``gpu`` (a GPU preset), or None
+    when it does or was not measured at all (the shipped estimates are per GPU already)."""
+    where = measured_on(provenance)
+    if where is None or where == gpu:
+        return None
+    if where == "cpu":
+        return (
+            "it was measured on CPU tensors, not on a GPU: its copy and compute constants "
+            f"are not {gpu}'s"
+        )
+    return f"it was measured on {where}, not on {gpu}"
+
+
 def save_profile(profile: Profile, path: str | Path) -> None:
     """Write ``profile_to_json(profile)`` to ``path`` with the one atomic writer, so a reader
     never sees half a profile."""
+    from traces.fsutil import write_text_atomic  # lazily: reading a config stays stdlib-only
+
     write_text_atomic(profile_to_json(profile), path)

@@ -140,6 +140,60 @@ class Recorder:
         }
 
 
+#: overload: the run took this much longer than the arrivals span ...
+OVERLOAD_STRETCH = 1.2
+#: ... and the last tenth of arrivals queued this many times longer than the first tenth, and
+#: at least OVERLOAD_MIN_QUEUE_S: the queue grew over the run instead of staying level
+OVERLOAD_QUEUE_GROWTH = 5.0
+OVERLOAD_MIN_QUEUE_S = 1.0
+
+
+def overload(req: Any, sim_duration_s: float) -> dict[str, Any]:
+    """Whether the offered load exceeded what the simulated server serves.
+
+    ``arrival_rate_rps``: requests over the arrival span; ``service_rate_rps``: requests over
+    the whole run (what the server managed; equal to the arrival rate when it keeps up).
+    Overloaded when the run outlasts the arrivals by ``OVERLOAD_STRETCH`` *and* the queueing
+    delay grew from the first tenth of arrivals to the last (a queue without bound, not one
+    long request at the end). ``overload_message`` says what to do (empty when not
+    overloaded). The keys go into ``summary.json`` as they are (flat, for results tables).
+    """
+    import numpy as np
+
+    done = req[req["finish_s"] >= 0].sort_values("arrival_s", kind="stable")
+    n = len(done)
+    out: dict[str, Any] = {"overloaded": False, "arrival_rate_rps": float("nan"),
+                           "service_rate_rps": float("nan"), "queue_first_tenth_s": float("nan"),
+                           "queue_last_tenth_s": float("nan"), "overload_message": ""}  # fmt: skip
+    if n < 20:
+        return out
+    arrivals = done["arrival_s"].to_numpy(dtype=float)
+    first, last = float(arrivals[0]), float(arrivals[-1])
+    span, run = last - first, sim_duration_s - first
+    if span <= 0 or run <= 0:
+        return out
+    queue = done["queue_s"].to_numpy(dtype=float)
+    tenth = max(1, n // 10)
+    q_first, q_last = float(np.median(queue[:tenth])), float(np.median(queue[-tenth:]))
+    lam, mu = n / span, n / run
+    over = (
+        run > OVERLOAD_STRETCH * span
+        and q_last >= OVERLOAD_MIN_QUEUE_S
+        and q_last > OVERLOAD_QUEUE_GROWTH * max(q_first, 1e-3)
+    )
+    out.update(arrival_rate_rps=lam, service_rate_rps=mu, queue_first_tenth_s=q_first,
+               queue_last_tenth_s=q_last, overloaded=bool(over))  # fmt: skip
+    if over:
+        out["overload_message"] = (
+            f"overloaded: requests arrive at {lam:.2f}/s but the simulated server serves "
+            f"{mu:.2f}/s, so the queue grows over the run (median queueing {q_first:.1f} s for "
+            f"the first tenth of arrivals, {q_last:.1f} s for the last); multiply "
+            f"workload.rate_scale by about {0.8 * mu / lam:.2g} to keep up, replay fewer "
+            "requests (workload.max_requests) or simulate a bigger GPU"
+        )
+    return out
+
+
 def summarize(frames: dict[str, Any], sim_duration_s: float, wall_time_s: float) -> dict[str, Any]:
     """The headline figures of a run (``summary.json``)."""
     req = frames["requests"]
@@ -183,6 +237,7 @@ def summarize(frames: dict[str, Any], sim_duration_s: float, wall_time_s: float)
         "bytes_h2d": bytes_h2d,
         "sim_duration_s": sim_duration_s,
         "wall_time_s": wall_time_s,
+        **overload(req, sim_duration_s),
     }
 
 
