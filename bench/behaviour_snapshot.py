@@ -24,6 +24,7 @@ import csv
 import hashlib
 import json
 import math
+import shlex
 import shutil
 import subprocess
 import sys
@@ -76,9 +77,13 @@ RUNS = {
 }  # fmt: skip
 
 
+CLI: list[str] = []  # the command (``--cli``); default: the installed hicache-sim
+CWD: str | None = None
+
+
 def _cli(*args: str) -> None:
-    exe = shutil.which("hicache-sim") or str(Path(sys.executable).parent / "hicache-sim")
-    r = subprocess.run([exe, *args], capture_output=True, text=True)
+    exe = CLI or [shutil.which("hicache-sim") or str(Path(sys.executable).parent / "hicache-sim")]
+    r = subprocess.run([*exe, *args], capture_output=True, text=True, cwd=CWD)
     if r.returncode != 0:
         raise SystemExit(f"hicache-sim {' '.join(args)} failed:\n{r.stderr[-3000:]}")
 
@@ -111,7 +116,14 @@ def _summaries(folder: Path) -> dict[str, Any]:
             df = pd.read_parquet(req)
             text = df.round(9).to_csv(index=False).encode()
             s["requests_table_sha256"] = hashlib.sha256(text).hexdigest()
-        out[str(p.parent.relative_to(folder))] = s
+        # a sweep job folder's name ends in a hash of its resolved config, which changes
+        # whenever a config key is added: a job is identified by its axes instead
+        job = p.parent / "job.json"
+        name = str(p.parent.relative_to(folder))
+        if job.exists():
+            axes = json.loads(job.read_text())["axes"]
+            name = "job:" + ",".join(f"{k}={axes[k]}" for k in sorted(axes))
+        out[name] = s
     return out
 
 
@@ -172,7 +184,14 @@ def main() -> int:
     g = ap.add_mutually_exclusive_group(required=True)
     g.add_argument("--save", type=Path)
     g.add_argument("--compare", type=Path)
+    ap.add_argument("--cli", help="the command to run instead of hicache-sim, e.g. to snapshot "
+                    "an older checkout: --cli 'python -m sim.cli' --cwd /tmp/old")  # fmt: skip
+    ap.add_argument("--cwd", help="folder to run the command in")
+    ap.add_argument("--allow-added", default="", help="comma-separated keys that may be new")
     args = ap.parse_args()
+    global CWD
+    CLI[:] = shlex.split(args.cli) if args.cli else []
+    CWD = args.cwd
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as d:
         snap = snapshot(Path(d))
@@ -186,6 +205,13 @@ def main() -> int:
     saved = json.loads(args.compare.read_text())
     diffs: list[str] = []
     _diff(saved, json.loads(text), "", diffs)
+    allowed = {k for k in args.allow_added.split(",") if k}
+    added = [
+        d for d in diffs if d.endswith(": only in new") and d.rsplit("/", 1)[-1][:-13] in allowed
+    ]
+    if added:
+        print(f"{len(added)} allowed additions ({', '.join(sorted(allowed))})")
+        diffs = [d for d in diffs if d not in added]
     for line in diffs[:200]:
         print(line)
     print(f"{len(diffs)} differences")

@@ -7,7 +7,7 @@ prefill and decode come from its compute model under the run's profile.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from hicache import latency
@@ -27,6 +27,7 @@ class Costs:
     h2d: LinkParams
     prefill_fn: Callable[[list[tuple[int, int]]], float]
     decode_fn: Callable[[int, int], float]
+    _decode_memo: dict[int, tuple[float, float]] = field(default_factory=dict, repr=False)
 
     @property
     def eta_d2h(self) -> float:
@@ -45,8 +46,13 @@ class Costs:
         return self.prefill_fn(reqs)
 
     def decode_coeffs(self, batch_size: int) -> tuple[float, float]:
-        a = self.decode_fn(batch_size, 0)
-        return a, self.decode_fn(batch_size, 1) - a
+        """(a, b) of a decode step ``a + b * kv_tokens`` for this batch size (memoized: the
+        scheduler asks once per decode segment)."""
+        got = self._decode_memo.get(batch_size)
+        if got is None:
+            a = self.decode_fn(batch_size, 0)
+            got = self._decode_memo[batch_size] = (a, self.decode_fn(batch_size, 1) - a)
+        return got
 
 
 __all__ = ["Costs", "build_costs", "count_runs"]

@@ -154,6 +154,8 @@ class Engine:
             self.sched.wake()
 
     def _sample(self) -> None:
+        if not self.recorder.due():
+            return
         c, dev = self.cache, self.device
         free = dev.available_size()
         tree = c.total_size()

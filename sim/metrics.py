@@ -117,13 +117,18 @@ class Recorder:
     def add_transfer(self, row: TransferRow) -> None:
         self.transfers.append(row)
 
-    def sample(self, row: TimelineRow) -> None:
-        """Keep every ``stride``-th sample; when the table is full, drop every other row and
-        double the stride (memory stays bounded whatever the run length)."""
+    def due(self) -> bool:
+        """Count one sample opportunity; True when this one is kept (every ``stride``-th), so
+        a caller builds the row only then."""
         self._skip += 1
         if self._skip < self._stride:
-            return
+            return False
         self._skip = 0
+        return True
+
+    def sample(self, row: TimelineRow) -> None:
+        """Keep a sample that :meth:`due` allowed; when the table is full, drop every other row
+        and double the stride (memory stays bounded whatever the run length)."""
         self.timeline.append(row)
         if len(self.timeline) >= self.timeline_max_rows:
             self.timeline = self.timeline[::2]
