@@ -117,7 +117,7 @@ def test_every_figure_is_present_as_svg_with_its_data(report: str) -> None:
         m = re.search(rf'<section id="{fig_id}">(.*?)</section>', report, re.S)
         assert m, fig_id
         section = m.group(1)
-        assert "<figure><svg" in section and "</svg>" in section
+        assert re.search(r"<figure[^>]*><svg", section) and "</svg>" in section
         assert "<figcaption>" in section and '<div class="numbers"><table>' in section
         figure_data(report, fig_id)
     assert "<img" not in report and "http://" not in report.split("<svg", 1)[0]
@@ -236,6 +236,46 @@ def test_writes_figure_matches_the_transfers(report: str) -> None:
     assert any(r["tokens_loaded"] for r in rows)
 
 
+def luminance(hex_color: str) -> float:
+    r, g, b = (int(hex_color[i : i + 2], 16) / 255 for i in (1, 3, 5))
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+
+def test_host_hit_hatching_contrasts_with_its_fill(report: str) -> None:
+    section = re.search(r'<section id="fig-hitrate">(.*?)</section>', report, re.S)
+    assert section
+    patterns = re.findall(
+        r'<pattern .*?<rect [^>]*fill="(#[0-9a-f]{6})"/>\s*<path [^>]*style="([^"]*)"',
+        section.group(1),
+        re.S,
+    )
+    assert patterns  # the host part is hatched
+    for fill, style in patterns:
+        stroke = re.search(r"stroke: (#[0-9a-f]{6})", style)
+        assert stroke and "stroke-opacity" not in style
+        assert abs(luminance(fill) - luminance(stroke.group(1))) > 0.12, (fill, style)
+
+
+def test_long_tables_fold_and_the_write_chart_ranks_runs() -> None:
+    from studies.report.figures_traffic import MAX_WRITE_BARS, _amplification_order
+    from studies.report.html import NUMBERS_ROWS, _numbers_html
+
+    df = pd.DataFrame({"run": [f"r{i}" for i in range(NUMBERS_ROWS + 5)]})
+    html = _numbers_html(df)
+    assert html.count("<table>") == 2 and "the other 5 rows</summary>" in html
+    assert html.index("<td>r11</td>") < html.index("<details") < html.index("<td>r12</td>")
+    assert "<details" not in _numbers_html(df.iloc[: NUMBERS_ROWS + 2])  # 1-2 rows: all shown
+    rows = [
+        {"run": run, "host": host, "tokens_written": written, "write_amplification": amp}
+        for run, host, written, amp in (("none", False, 0, None), ("low", True, 10, 1.5),
+                                        ("never read", True, 5, None), ("high", True, 90, 9.0),
+                                        ("idle", True, 0, None))
+    ]  # fmt: skip
+    order = [r["run"] for r in _amplification_order(rows)]
+    assert order == ["never read", "high", "low", "none", "idle"]
+    assert MAX_WRITE_BARS <= NUMBERS_ROWS
+
+
 # --- tables and configs ----------------------------------------------------------------------
 
 
@@ -244,10 +284,14 @@ def test_comparison_table_highlights_the_best_runs(report: str, sweep_dir: Path)
     assert section
     parser = Tables()
     parser.feed(section.group(1))
-    (table,) = parser.tables
-    header = [text for text, _ in table[0]]
-    rows = table[1:]
-    assert len(rows) == 7
+    # two tables (cache and TTFT, then the rest), the same runs in the same order: side by side
+    # they are the one comparison
+    assert len(parser.tables) == 2
+    first, second = parser.tables
+    assert [r[0] for r in first] == [r[0] for r in second]
+    header = [text for text, _ in first[0]] + [text for text, _ in second[0][1:]]
+    rows = [a + b[1:] for a, b in zip(first[1:], second[1:], strict=True)]
+    assert len(rows) == 7 and len(header) == 19
     results = pd.read_parquet(sweep_dir / "results.parquet")
     for title, key, best in (("hit rate", "hit_rate", max), ("TTFT p99 [ms]", "ttft_p99_s", min)):
         col = header.index(title)

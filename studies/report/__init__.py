@@ -10,6 +10,8 @@ directories, :mod:`studies.sweep`) and writes:
   p50/p90/p99 vs capacity (or request rate), the TTFT breakdown (queueing / load stall /
   prefill compute / other), HBM and host occupancy over time, PCIe busy fraction and
   throughput per direction over time, and tokens written to vs loaded back from the host;
+  optionally (``hitrate_rows``) a cache-only hit-rate study: hit rate vs device capacity per
+  policy under the infinite-capacity ceiling;
 - a comparison table with the best value of each metric highlighted;
 - the configurations: what all runs share, what differs, each run's ``config.json`` and each
   sweep's grid file and failed jobs.
@@ -25,17 +27,20 @@ Matplotlib is used through the object-oriented API on the Agg canvas only.
 
 The package, by job: :mod:`~studies.report.load` (runs, sweeps, labels),
 :mod:`~studies.report.derive` (metrics and the comparison table),
-:mod:`~studies.report.figures` and :mod:`~studies.report.figures_traffic` (the figures, on
-:mod:`~studies.report.canvas`), :mod:`~studies.report.html` (the document),
+:mod:`~studies.report.figures`, :mod:`~studies.report.figures_traffic` and
+:mod:`~studies.report.figures_hitrate` (the figures, on :mod:`~studies.report.canvas`),
+:mod:`~studies.report.html` (the document),
 :mod:`~studies.report.pdf`, and :mod:`~studies.report.png` (the stand-alone hit-rate plot).
 Nothing here imports pandas or matplotlib until it is used.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
-from studies.report.canvas import ReportFigure
+from studies.report.canvas import RC, ReportFigure, series_colors
 from studies.report.derive import (
     BREAKDOWN_PARTS,
     CDF_POINTS,
@@ -52,6 +57,7 @@ from studies.report.derive import (
     write_traffic,
 )
 from studies.report.figures import FIGURES, MAX_CDF_PANELS, report_figures
+from studies.report.figures_hitrate import fig_hitrate_study, study_labels
 from studies.report.html import render_html
 from studies.report.load import (
     CAPACITY_KEYS,
@@ -68,18 +74,48 @@ from studies.report.png import plot_hitrate
 from traces.fsutil import write_text_atomic
 
 
-def build_report(dirs: list[Path], out: Path, pdf: bool = False) -> Path:
+def build_report(
+    dirs: list[Path],
+    out: Path,
+    pdf: bool = False,
+    hitrate_rows: Sequence[dict[str, Any]] | None = None,
+    hitrate_title: str | None = None,
+) -> Path:
     """Write the HTML report of ``dirs`` (run and/or sweep directories) to ``out`` and, with
-    ``pdf``, the same figures as ``out`` with suffix ``.pdf``. Returns ``out``. Same inputs
-    give byte-identical files. Raises ``ValueError`` (one line) for unusable inputs."""
+    ``pdf``, the same figures as ``out`` with suffix ``.pdf``. Returns ``out``.
+
+    ``hitrate_rows``: rows of a cache-only hit-rate study (:func:`studies.sweep.
+    run_hitrate_grid`, optionally with ``infinite_capacity_hit_rate`` and a ``policy`` label
+    each), shown after the hit-rate figure as hit rate vs device capacity with its table;
+    ``hitrate_title`` titles its plot. Same inputs give byte-identical files. Raises
+    ``ValueError`` (one line) for unusable inputs."""
     data = load_runs(dirs)
     names = [s.name for s in data.sweeps]
     title = "hicache-sim report" + (f": {', '.join(names)}" if names else "")
     figures = report_figures(data)
+    if hitrate_rows:
+        study = hitrate_study(list(hitrate_rows), hitrate_title, series_colors(data))
+        figures.insert(1, study)
     write_text_atomic(render_html(data, figures, title), out)
     if pdf:
         write_pdf(data, figures, title, out.with_suffix(".pdf"))
     return out
+
+
+def hitrate_study(
+    rows: list[dict[str, Any]],
+    title: str | None = None,
+    colors: Mapping[str, Any] | None = None,
+) -> ReportFigure:
+    """The report figure of a cache-only hit-rate study (:func:`fig_hitrate_study`), with the
+    note of :func:`sim.hitrate.write_back_ignores_hit_counts` when it applies."""
+    import matplotlib
+
+    from sim.hitrate import write_back_ignores_hit_counts
+
+    note = write_back_ignores_hit_counts(rows) or ""
+    with matplotlib.rc_context(RC):
+        return fig_hitrate_study(rows, title, note, colors)
 
 
 __all__ = [
@@ -102,12 +138,15 @@ __all__ = [
     "build_report",
     "comparison_table",
     "describe_runs",
+    "fig_hitrate_study",
+    "hitrate_study",
     "load_runs",
     "occupancy",
     "pcie",
     "plot_hitrate",
     "render_html",
     "report_figures",
+    "study_labels",
     "timeline_runs",
     "ttft_breakdown",
     "write_pdf",

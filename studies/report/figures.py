@@ -12,7 +12,17 @@ import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from studies.report.canvas import RC, ReportFigure, frame, new_figure, series_colors, series_legend
+from studies.report.canvas import (
+    MARKERS,
+    RC,
+    ReportFigure,
+    dodge,
+    frame,
+    new_figure,
+    series_colors,
+    series_legend,
+    tint,
+)
 from studies.report.derive import (
     BREAKDOWN_PARTS,
     pick,
@@ -79,15 +89,16 @@ def _hitrate_bars(
             x = gi + (j - (len(members) - 1) / 2) * width
             c = colors[r["series"]]
             ax.bar(x, r["device_hit_rate"], width * 0.9, color=c, edgecolor=c)
+            # the hatch takes the edge colour: the full series colour on a light tint of it
             ax.bar(
                 x,
                 r["host_hit_rate"],
                 width * 0.9,
                 bottom=r["device_hit_rate"],
-                color=c,
-                alpha=0.45,
-                hatch="//",
+                facecolor=tint(c),
+                hatch="///",
                 edgecolor=c,
+                linewidth=0.8,
             )
 
 
@@ -111,8 +122,10 @@ def fig_hitrate(data: ReportData) -> ReportFigure:
     ax.grid(True, axis="y", alpha=0.3)
     ax.set_title("Hit rate vs capacity")
     parts = [
-        Patch(facecolor="#777777", label="device (HBM) hits"),
-        Patch(facecolor="#bbbbbb", hatch="//", edgecolor="#777777", label="host (DRAM) hits"),
+        Patch(facecolor="#555555", edgecolor="#555555", label="device (HBM) hits"),
+        Patch(
+            facecolor=tint("#555555"), hatch="///", edgecolor="#555555", label="host (DRAM) hits"
+        ),
     ]
     series_legend(fig, data, parts)
     numbers = frame(
@@ -238,24 +251,38 @@ def fig_ttft_cdf(data: ReportData) -> ReportFigure:
 def _percentile_axes(
     ax: Axes, p: int, data: ReportData, rows: list[dict[str, Any]], log: bool
 ) -> None:
-    """TTFT percentile ``p`` against the x axis: a line per series, ticks at measured x."""
+    """TTFT percentile ``p`` against the x axis: a line per series, ticks at measured x.
+    Series are dodged sideways a little (equal values stay visible side by side, each with
+    its own marker) and the axes leave room around the points, so none sits on an edge."""
     from matplotlib.ticker import NullFormatter
 
     colors = series_colors(data)
     xs = [r["x"] for r in rows]
-    for s in data.series_order():
+    order = data.series_order()
+    lo, hi = min(xs), max(xs)
+    if log:
+        step = 0.012 * max(math.log10(hi / lo), 0.5)
+    else:
+        step = 0.012 * max(hi - lo, abs(hi) * 0.5, 1e-9)
+    for k, s in enumerate(order):
         pts = [r for r in rows if r["series"] == s]
         ax.plot(
-            [r["x"] for r in pts],
+            [dodge(r["x"], k, len(order), log, step) for r in pts],
             [r[f"ttft_p{p}_s"] for r in pts],
-            marker="o",
+            marker=MARKERS[k % len(MARKERS)],
             color=colors[s],
             lw=1.4,
-            ms=4,
+            ms=6,
+            mfc=tint(colors[s], 0.3),
+            mec=colors[s],
+            clip_on=False,
         )
     ax.set_title(f"TTFT p{p}")
     ax.set_ylabel("TTFT [s]")
-    ax.set_ylim(bottom=0)
+    vals = [r[f"ttft_p{p}_s"] for r in rows]
+    top = max((v for v in vals if v is not None and math.isfinite(v)), default=1.0)
+    ax.set_ylim(0, top * 1.12 if top > 0 else 1.0)
+    ax.margins(x=0.08)
     ax.grid(True, which="both", alpha=0.3)
     if log:
         ax.set_xscale("log")
@@ -290,7 +317,7 @@ def fig_ttft_percentiles(data: ReportData) -> ReportFigure:
     log = min(xs) > 0 and max(xs) / min(xs) >= 4
     for ax, p in zip(fig.subplots(1, 3), (50, 90, 99), strict=True):
         _percentile_axes(ax, p, data, rows, log)
-    series_legend(fig, data)
+    series_legend(fig, data, markers=True)
     numbers = frame(
         [
             {
@@ -322,7 +349,7 @@ def fig_ttft_breakdown(data: ReportData) -> ReportFigure:
         {"run": r.label, "dir": r.shown, **{k: sig(v) for k, v in ttft_breakdown(r).items()}}
         for r in data.runs
     ]
-    fig = new_figure(11.0, 1.3 + 0.3 * len(rows))
+    fig = new_figure(11.0, 1.4 + 0.28 * len(rows))
     ax = fig.add_subplot(1, 1, 1)
     left = [0.0] * len(rows)
     ys = list(range(len(rows)))
@@ -330,8 +357,9 @@ def fig_ttft_breakdown(data: ReportData) -> ReportFigure:
         vals = [1e3 * (r[part] or 0.0) for r in rows]
         ax.barh(ys, vals, 0.7, left=left, color=_PART_COLORS[part], label=part)
         left = [a + b for a, b in zip(left, vals, strict=True)]
-    ax.set_yticks(ys, [r["run"] for r in rows], fontsize=8)
-    ax.invert_yaxis()
+    ax.set_yticks(ys, [r["run"] for r in rows])
+    ax.set_ylim(len(rows) - 0.4, -0.6)  # top to bottom in run order, no empty rows
+    ax.set_xlim(0, max(max(left, default=0.0), 1e-9) * 1.03)
     ax.set_xlabel("mean time per request [ms]")
     ax.grid(True, axis="x", alpha=0.3)
     ax.set_title("Where TTFT goes")

@@ -38,8 +38,34 @@ def _html_table(df: pd.DataFrame, best: Mapping[str, set[str]] | None = None, cl
     return f"<table{klass}><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
+#: Rows of a figure's table shown at once; the rest fold into a ``<details>`` below it.
+NUMBERS_ROWS = 12
+
+#: The comparison's columns in two tables (by :data:`COMPARISON` key), each narrow enough
+#: for a 1,400 px page: the cache and TTFT, then the rest.
+COMPARISON_PARTS = (
+    ("device_tokens", "host_tokens", "hit_rate", "device_hit_rate", "host_hit_rate",
+     "ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s"),
+    ("tpot_mean_s", "e2e_mean_s", "queue_mean_s", "throughput_output_tok_s", "gb_d2h",
+     "gb_h2d", "write_amplification", "retractions", "rejected_requests"),
+)  # fmt: skip
+
+
+def _numbers_html(df: pd.DataFrame) -> str:
+    """A figure's table: the first :data:`NUMBERS_ROWS` rows, the others folded below."""
+    if len(df) <= NUMBERS_ROWS + 2:  # folding away one or two rows would only hide them
+        return _html_table(df)
+    rest = len(df) - NUMBERS_ROWS
+    return (
+        _html_table(df.iloc[:NUMBERS_ROWS])
+        + f'<details class="more"><summary>the other {rest} rows</summary>'
+        + _html_table(df.iloc[NUMBERS_ROWS:])
+        + "</details>"
+    )
+
+
 def _comparison_html(data: ReportData) -> str:
-    """The comparison table, formatted, with the best cells marked."""
+    """The comparison tables (:data:`COMPARISON_PARTS`), formatted, best cells marked."""
     import pandas as pd
 
     raw = comparison_table(data)
@@ -49,7 +75,11 @@ def _comparison_html(data: ReportData) -> str:
         index=pd.Index(raw.index, name="run"),
     )
     by_title = {title: best[key] for title, key, _, _ in COMPARISON if key in best}
-    return _html_table(shown, by_title, "comparison")
+    titles = {key: title for title, key, _, _ in COMPARISON}
+    return "".join(
+        _html_table(shown[[titles[k] for k in keys]], by_title, "comparison")
+        for keys in COMPARISON_PARTS
+    )
 
 
 def _config_html(data: ReportData) -> str:
@@ -90,7 +120,7 @@ def _config_html(data: ReportData) -> str:
         )
         if "trace" in data.varying:
             v.insert(0, "trace", [str(r.conf.get("trace")) for r in data.runs])
-        parts.append(_html_table(v, cls="config"))
+        parts.append(f'<div class="wide">{_html_table(v, cls="config differs")}</div>')
     parts.append("<h3>Each run's config.json</h3>")
     for r in data.runs:
         text = json.dumps(r.conf, indent=1, sort_keys=True)
@@ -147,15 +177,23 @@ body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0 a
 max-width:1500px;padding:1rem 1.5rem;color:#222;line-height:1.4}
 h1{font-size:1.6rem;margin:.2rem 0}h2{font-size:1.25rem;margin-top:2rem;
 border-bottom:1px solid #ddd}h3{font-size:1.05rem}
-nav a{margin-right:1rem}
-.row{display:flex;flex-wrap:wrap;gap:1.2rem;align-items:flex-start}
-figure{flex:3 1 640px;margin:0;min-width:0}figure svg{width:100%;height:auto}
-figcaption{font-size:.9rem;color:#444;margin-top:.3rem}
-.numbers{flex:2 1 360px;max-height:640px;overflow:auto}
+nav a{margin-right:1rem;white-space:nowrap}
+.row{display:flex;flex-wrap:wrap;gap:1rem 1.5rem;align-items:flex-start}
+figure{flex:0 1 auto;margin:0;min-width:0;max-width:100%}
+figure svg{display:block;width:100%;height:auto}
+figcaption{font-size:.9rem;color:#444;margin-top:.3rem;max-width:60rem}
+.numbers{flex:0 1 auto;min-width:0;max-width:100%;overflow-x:auto}
+.note{background:#fff8e1;border-left:4px solid #f0b400;padding:.4rem .7rem;max-width:60rem}
 table{border-collapse:collapse;font-size:.82rem;font-variant-numeric:tabular-nums}
 th,td{border:1px solid #ddd;padding:.2rem .45rem;text-align:right;white-space:nowrap}
-th{background:#f4f4f4}tbody th{text-align:left;font-weight:normal}
+th{background:#f4f4f4}thead th{white-space:normal;vertical-align:bottom}
+tbody th{text-align:left;font-weight:normal;white-space:normal;min-width:9rem}
 td.best{background:#c8efd2;font-weight:600}
+tbody td:first-child{text-align:left}
+table.comparison{margin-bottom:.8rem}table.comparison tbody th{white-space:nowrap}
+table.differs td:last-child{white-space:normal;overflow-wrap:anywhere;text-align:left;
+min-width:16rem}
+details.more{margin-top:.4rem}details.more summary{cursor:pointer;color:#1a5fb4}
 .wide{overflow-x:auto}pre{background:#f7f7f7;padding:.5rem;overflow-x:auto;font-size:.8rem}
 small{color:#666;font-weight:normal}
 """
@@ -196,10 +234,12 @@ def render_html(data: ReportData, figures: Sequence[ReportFigure], title: str) -
     inputs = sorted({r.sweep or r.shown for r in data.runs})
     sections = []
     for f in figures:
+        note = f'<p class="note">{html.escape(f.note)}</p>' if f.note else ""
         sections.append(
-            f'<section id="{f.id}"><h2>{html.escape(f.title)}</h2><div class="row">'
-            f"<figure>{f.to_svg()}<figcaption>{html.escape(f.caption)}</figcaption></figure>"
-            f'<div class="numbers">{_html_table(f.numbers)}</div></div>'
+            f'<section id="{f.id}"><h2>{html.escape(f.title)}</h2>{note}<div class="row">'
+            f'<figure style="width:{f.width_px}px">{f.to_svg()}'
+            f"<figcaption>{html.escape(f.caption)}</figcaption></figure>"
+            f'<div class="numbers">{_numbers_html(f.numbers)}</div></div>'
             f"{_json_script(f.id, f.data)}</section>"
         )
     sweeps = _sweeps_html(data)
@@ -211,9 +251,10 @@ def render_html(data: ReportData, figures: Sequence[ReportFigure], title: str) -
         f"; report by hicache-sim {__version__}.</p>",
         f"<nav>{nav}</nav></header>",
         *sections,
-        '<section id="comparison"><h2>Comparison</h2><p>One row per run; the best value of '
-        "each metric is highlighted (highest hit rates and throughput, lowest latencies, "
-        "write amplification, retractions and rejections).</p>"
+        '<section id="comparison"><h2>Comparison</h2><p>One row per run, in two tables (cache '
+        "and TTFT, then the rest); the best value of each metric is highlighted (highest hit "
+        "rates and throughput, lowest latencies, write amplification, retractions and "
+        "rejections).</p>"
         f'<div class="wide">{_comparison_html(data)}</div></section>',
         f'<section id="configs"><h2>Configurations</h2>{_config_html(data)}'
         + (f"<h3>Sweeps</h3>{sweeps}" if sweeps else "")
