@@ -9,13 +9,19 @@ prints the error: one line, ``hicache-sim: <message>`` (a command may set anothe
 ``error_prefix``), exit code 2. Ctrl-C prints ``hicache-sim: interrupted`` and gives 130. Any
 other exception is a bug and keeps its traceback. :func:`cli.main.main` and the standalone
 entry points (``python -m cli.sweep`` and the like) all end here.
+
+Argument errors follow the same rule: every parser is a :class:`Parser`, whose ``error`` prints
+one line, ``<prog>: <message> (see <prog> --help)``, and exits 2 (argparse's default prints
+the usage block first). :func:`parse_args` runs a parser and turns its exit into a return code,
+so an in-process ``main(argv)`` returns 2 instead of raising ``SystemExit``.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 PROG = "hicache-sim"
 #: Exit code of a user error.
@@ -29,6 +35,28 @@ Converter = Callable[[Exception, argparse.Namespace], "str | None"]
 
 class UserError(Exception):
     """An error the user can fix; printed as one line, exit code 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are one line on stderr and exit code 2 (its
+    sub-parsers are ``Parser`` too: argparse makes them of the parent's class)."""
+
+    def error(self, message: str) -> NoReturn:
+        line = " ".join(message.split())
+        self.exit(EXIT_USER_ERROR, f"{self.prog}: {line} (see {self.prog} --help)\n")
+
+
+def parse_args(
+    parser: argparse.ArgumentParser, argv: Sequence[str] | None
+) -> argparse.Namespace | int:
+    """``parser.parse_args(argv)``, or the exit code argparse asked for (2 after an argument
+    error, already printed; 0 after ``--help`` or ``--version``)."""
+    try:
+        return parser.parse_args(argv)
+    except SystemExit as e:
+        if e.code is None:
+            return 0
+        return e.code if isinstance(e.code, int) else EXIT_USER_ERROR
 
 
 def value_errors(e: Exception, args: argparse.Namespace) -> str | None:
@@ -72,7 +100,9 @@ __all__ = [
     "EXIT_INTERRUPTED",
     "EXIT_USER_ERROR",
     "PROG",
+    "Parser",
     "UserError",
+    "parse_args",
     "run_command",
     "value_and_os_errors",
     "value_errors",

@@ -8,10 +8,12 @@
 ``report``     HTML/PDF report of runs and sweeps (:mod:`cli.report`)
 ``trace``      inspect, convert, generate, validate traces (:mod:`cli.traces`)
 ``replay``     real copies with torch (:mod:`cli.replay`)
+``config``     config keys, a config as SGLang flags (:mod:`cli.config`)
 =============  ==========================================================
 
 User errors (bad arguments, unreadable or malformed inputs) print one line and exit 2 (see
-:mod:`cli.errors`); a traceback means a bug. Heavy modules are imported inside the commands, so
+:mod:`cli.errors`; argument errors too: every parser is a :class:`cli.errors.Parser`); a
+traceback means a bug. Heavy modules are imported inside the commands, so
 ``--help`` stays fast and works without torch.
 """
 
@@ -21,7 +23,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from cli.errors import EXIT_USER_ERROR, UserError, run_command
+from cli.errors import EXIT_USER_ERROR, Parser, UserError, parse_args, run_command
 
 __all__ = ["EXIT_USER_ERROR", "UserError", "build_parser", "main"]
 
@@ -29,10 +31,10 @@ __all__ = ["EXIT_USER_ERROR", "UserError", "build_parser", "main"]
 def build_parser() -> argparse.ArgumentParser:
     """The whole ``hicache-sim`` parser; each parsed command has ``func`` (and may have
     ``user_errors`` / ``error_prefix``, see :func:`cli.errors.run_command`)."""
-    from cli import replay, report, run, sweep, traces
+    from cli import config, replay, report, run, sweep, traces
     from hicache import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="hicache-sim",
         description="Simulate SGLang HiCache (HiRadixCache v0.5.14): hit rates, policies, traces.",
     )
@@ -45,13 +47,16 @@ def build_parser() -> argparse.ArgumentParser:
     traces.register(sub)
     # replay needs torch (the `replay` extra); its module imports torch only inside commands
     replay.register(sub)
+    config.register(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` (default: the process's arguments), run the command, return its exit
     code; the one place a user error is printed (:func:`cli.errors.run_command`)."""
-    args = build_parser().parse_args(argv)
+    args = parse_args(build_parser(), argv)
+    if isinstance(args, int):  # an argument error (printed), or --help / --version
+        return args
     return run_command(args)
 
 

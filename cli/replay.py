@@ -19,7 +19,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from cli.errors import UserError, run_command, value_and_os_errors
+from cli.args import (
+    check_output_dir,
+    check_output_file,
+    float_above,
+    float_in_unit,
+    int_at_least,
+)
+from cli.errors import Parser, UserError, parse_args, run_command, value_and_os_errors
 
 GiB = 1 << 30
 #: How this command's user errors start (``run_command`` adds ": <message>").
@@ -53,12 +60,7 @@ def _runtime(device: str, threads: int = 1) -> Any:
 
 
 def _check_out(out: Path, force: bool) -> None:
-    if out.exists() and not out.is_dir():
-        raise UserError(f"{out}: exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()) and not force:
-        raise UserError(
-            f"{out}: exists and is not empty (use --force to overwrite, or a new --out)"
-        )
+    check_output_dir(out, force=force)
 
 
 def _flush_bytes(mib: float) -> int:
@@ -118,11 +120,13 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 # -------------------------------------------------------------------------------- calibrate --
 def _cmd_calibrate(args: argparse.Namespace) -> int:
-    from hicache.hardware import get_gpu
+    from hicache.hardware import get_gpu, get_link
     from hicache.latency import save_profile
+    from hicache.profile import machine_mismatch
     from replay.calibrate import calibrate, load_bench, replay_rows
     from replay.presets import gpu_preset_for
 
+    check_output_file(args.out, (".json",), what="profile")
     bench, meta = load_bench(args.bench_dir)
     machine = meta.get("machine", {})
     gpu = args.gpu
@@ -137,20 +141,34 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
                 f"{args.bench_dir}: GPU {machine.get('gpu_name')!r} has no hardware preset; "
                 "pass --gpu NAME (and --link)"
             )
-    link = args.link or get_gpu(gpu).default_link
+    try:
+        link = args.link or get_gpu(gpu).default_link
+        get_link(link)
+    except ValueError as e:
+        raise UserError(f"--gpu/--link: {e}") from None
     replay = replay_rows(args.replay_dirs) if args.replay_dirs else None
-    cal = calibrate(
-        bench,
-        meta,
-        gpu=gpu,
-        link=link,
-        replay=replay,
-        kernel_layout=args.kernel_layout,
-        source="hicache-sim replay calibrate "
-        + " ".join(str(p) for p in [args.bench_dir, *args.replay_dirs]),
-    )
+    try:
+        cal = calibrate(
+            bench,
+            meta,
+            gpu=gpu,
+            link=link,
+            replay=replay,
+            kernel_layout=args.kernel_layout,
+            source="hicache-sim replay calibrate "
+            + " ".join(str(p) for p in [args.bench_dir, *args.replay_dirs]),
+        )
+    except ValueError as e:  # the fit: too few or unusable measurements
+        raise UserError(f"{args.bench_dir}: cannot fit: {e}") from None
     save_profile(cal.profile, args.out)
     _say(f"profile for {gpu} + {link} (measured={cal.profile.measured}) -> {args.out}")
+    problem = machine_mismatch(cal.profile.provenance, gpu)
+    if problem:
+        print(
+            f"warning: {args.out}: labelled {gpu} + {link}, but {problem}; `hicache-sim run "
+            "--profile` refuses it without --allow-profile-mismatch",
+            file=sys.stderr,
+        )
     for b, by_dir in cal.fits.items():
         for d, fit in by_dir.items():
             _say(f"  {b:>6} {d}: {fit.describe()}")
@@ -162,20 +180,33 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 # -------------------------------------------------------------------------------------- run --
-def _budgets(device: str, dev_gb: float | None, host_gb: float | None) -> tuple[int, int]:
-    """Memory budgets for the pools: what was asked, else a share of what the machine has."""
+def _avail_host_bytes() -> int:
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return 32 * GiB
+
+
+def _budget_caps(device: str) -> tuple[int, int]:
+    """The most a default budget may take: a share of what the machine has free."""
     if device == "cuda":
         import torch
 
         free, _total = torch.cuda.mem_get_info()
-        dev = min(8 * GiB, int(free * 0.4))
-        try:
-            avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        except (ValueError, OSError):
-            avail = 32 * GiB
-        host = min(16 * GiB, int(avail * 0.25))
+        return min(8 * GiB, int(free * 0.4)), min(16 * GiB, int(_avail_host_bytes() * 0.25))
+    # CPU tensors: both pools live in RAM, and the warm-up and every op copy through the CPU:
+    # a GiB-sized pool makes a replay minutes long
+    avail = _avail_host_bytes()
+    return min(512 << 20, int(avail * 0.1)), min(1 * GiB, int(avail * 0.2))
+
+
+def _budgets(device: str, dev_gb: float | None, host_gb: float | None) -> tuple[int, int]:
+    """Memory budgets for the pools: what was asked, else a starting point that
+    :func:`replay.run.fit_budgets` sizes from the trace."""
+    if device == "cuda":
+        dev, host = _budget_caps(device)
     else:
-        # small, so a CPU replay (CI, laptops) takes seconds
+        # small, so a CPU replay (CI, laptops) takes seconds when the trace allows it
         dev, host = 256 << 20, 512 << 20
     if dev_gb is not None:
         dev = int(dev_gb * GiB)
@@ -184,21 +215,86 @@ def _budgets(device: str, dev_gb: float | None, host_gb: float | None) -> tuple[
     return dev, host
 
 
+def _read_profile(path: Path) -> Any:
+    """The profile JSON at ``path``; ``UserError`` naming the file when it cannot be used."""
+    import json
+
+    from hicache.latency import profile_from_dict
+    from hicache.profile import json_error_text
+
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise UserError(f"{path}: cannot read profile: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: cannot read profile: not a UTF-8 text (JSON) file") from None
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path}:{e.lineno}: invalid JSON: {json_error_text(e)}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: top level: expected an object")
+    try:
+        return profile_from_dict(data, source=str(path))
+    except ValueError as e:
+        raise UserError(str(e)) from None
+
+
+def _check_profile_machine(profile: Any, path: Path, rt: Any, allow: bool) -> None:
+    """Refuse (or, with ``allow``, warn about) a profile measured on another machine than the
+    one replaying: its predictions would be compared with copies of a different machine."""
+    from hicache.profile import machine_mismatch
+    from replay.presets import gpu_preset_for
+
+    here = "cpu" if rt.kind == "cpu" else gpu_preset_for(rt.describe().get("gpu_name", ""))
+    problem = machine_mismatch(profile.provenance, here or "this GPU")
+    if problem is None:
+        return
+    if not allow:
+        raise UserError(
+            f"{path}: {problem} (this replay runs on {here or rt.kind}); use a profile "
+            "calibrated here, or --allow-profile-mismatch"
+        )
+    print(f"warning: {path}: {problem}; used anyway (--allow-profile-mismatch)", file=sys.stderr)
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     rt = _runtime(args.device, args.threads)
-    from hicache.config import load_config
-    from hicache.latency import load_profile, profile_from_dict
+    try:
+        return _run_on(rt, args)
+    finally:
+        rt.close()
+
+
+def _run_on(rt: Any, args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from cli.config import resolve_config
+    from hicache.latency import load_profile
     from replay.presets import gpu_preset_for
-    from replay.run import format_summary, run_replay, settings_from_config
+    from replay.run import (
+        BudgetError,
+        fit_budgets,
+        format_summary,
+        run_replay,
+        settings_from_config,
+    )
     from traces.io import read_trace
+    from traces.schema import TraceError
 
     _check_out(args.out, args.force)
-    overrides = list(args.overrides)
-    if rt.kind == "cuda" and args.config is None and not any("gpu.name=" in o for o in overrides):
+    extra = []
+    named = any("gpu.name=" in o for o in args.overrides)
+    if rt.kind == "cuda" and args.config is None and not named:
         detected = gpu_preset_for(rt.describe()["gpu_name"])
         if detected:
-            overrides.append(f"gpu.name={detected}")
-    cfg = load_config(args.config, overrides)
+            extra.append((f"gpu.name={detected}", f"the detected GPU ({detected})"))
+    resolved = resolve_config(args, extra)
+    cfg = resolved.cfg
+    try:
+        trace = read_trace(args.trace)
+    except TraceError as e:
+        raise UserError(str(e)) from None
+    except OSError as e:
+        raise UserError(f"{args.trace}: cannot read trace: {e.strerror or e}") from None
     dev_budget, host_budget = _budgets(rt.kind, args.device_mem_gb, args.host_mem_gb)
     settings = settings_from_config(
         cfg,
@@ -215,28 +311,34 @@ def _cmd_run(args: argparse.Namespace) -> int:
         verify=args.verify or None,
         flush_bytes=None if args.flush_mib is None else _flush_bytes(args.flush_mib),
     )
+    if args.device_mem_gb is None:
+        # the default budget is sized from the trace: most requests must fit the device pool
+        cap_dev, cap_host = _budget_caps(rt.kind)
+        try:
+            dev_budget, host_budget, note = fit_budgets(
+                trace, settings, cap_dev, cap_host, host_budget_fixed=args.host_mem_gb is not None
+            )
+        except BudgetError as e:
+            raise UserError(f"{args.trace}: {e}") from None
+        settings = replace(settings, device_budget_bytes=dev_budget, host_budget_bytes=host_budget)
+        if note:
+            _say(note)
     if args.profile is not None:
-        from replay.outputs import read_json
-
-        data = read_json(args.profile)
-        if not isinstance(data, dict):
-            raise UserError(f"{args.profile}: top level: expected an object")
-        profile = profile_from_dict(data, source=str(args.profile))
+        profile = _read_profile(args.profile)
+        _check_profile_machine(profile, args.profile, rt, args.allow_profile_mismatch)
     else:
         profile = load_profile(None, settings.gpu, settings.link)
-    trace = read_trace(args.trace)
-    try:
-        summary = run_replay(
-            trace,
-            settings,
-            rt,
-            profile,
-            profile_path=str(args.profile or ""),
-            out=args.out,
-            log=_say,
-        )
-    finally:
-        rt.close()
+    resolved.print_notes()
+    summary = run_replay(
+        trace,
+        settings,
+        rt,
+        profile,
+        profile_path=str(args.profile or ""),
+        out=args.out,
+        log=_say,
+        progress=None,
+    )
     _say(format_summary(summary))
     _say(f"-> {args.out}/ops.parquet, summary.json")
     return 0
@@ -276,13 +378,15 @@ def _add_bench(sub: Any) -> None:
     b.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"), help=_DEV_HELP)
     b.add_argument("--out", type=Path, required=True, help="output folder")
     b.add_argument("--model", default="llama-3-8b", help="page geometry of this model preset")
-    b.add_argument("--tp", type=int, default=1)
-    b.add_argument("--page-size", type=int, default=64, help="tokens per page (default 64)")
+    b.add_argument("--tp", type=int_at_least(1), default=1, help="tensor parallel ranks")
+    b.add_argument(
+        "--page-size", type=int_at_least(1), default=64, help="tokens per page (default 64)"
+    )
     b.add_argument("--quick", action="store_true", help="a small sweep (seconds; CI, CPU)")
-    b.add_argument("--repeats", type=int, help="timed repeats per point (default 5)")
+    b.add_argument("--repeats", type=int_at_least(1), help="timed repeats per point (default 5)")
     b.add_argument("--no-pageable", action="store_true", help="skip the pageable-memory sweep")
     b.add_argument("--backends", type=_csv, help="direct,kernel (default both)")
-    b.add_argument("--max-size-mib", type=float, help="cap copy and op sizes (MiB)")
+    b.add_argument("--max-size-mib", type=float_above(0), help="cap copy and op sizes (MiB)")
     b.add_argument("--threads", type=int, default=1, help=_THREADS_HELP)
     b.add_argument("--flush-mib", type=float, help=_FLUSH_HELP)
     b.add_argument("--force", action="store_true", help="overwrite a non-empty --out")
@@ -320,32 +424,42 @@ def _add_run(sub: Any) -> None:
     )
     r.add_argument("trace", type=Path)
     r.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"), help=_DEV_HELP)
-    r.add_argument("--profile", type=Path, help="latency profile JSON (default: shipped one)")
-    r.add_argument("--out", type=Path, required=True, help="run folder to write")
-    r.add_argument("--config", type=Path, help="TOML config (as hicache-sim run)")
     r.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="override one config value (repeatable)",
-    )
+        "--profile", type=Path,
+        help="latency profile JSON (default: shipped one); one measured on another machine "
+        "needs --allow-profile-mismatch",
+    )  # fmt: skip
+    r.add_argument("--out", type=Path, required=True, help="run folder to write")
+    from cli.config import add_config_options
+
+    add_config_options(r, profile_flag=True)
     r.add_argument("--backend", choices=("kernel", "direct"), help="IO backend (default: config)")
     r.add_argument("--layout", choices=("layer_first", "page_first"), help="host layout")
-    r.add_argument("--max-requests", type=int, help="replay only the first N requests")
+    r.add_argument(
+        "--max-requests", type=int_at_least(0), help="replay only the first N requests (0 = all)"
+    )
     r.add_argument(
         "--batch-tokens",
-        type=int,
+        type=int_at_least(0),
         help="prompt tokens per batch (default: config's "
         "max_prefill_tokens; 0 = one request per batch)",
     )
-    r.add_argument("--batch-requests", type=int, help="requests per batch at most (default 8)")
-    r.add_argument("--device-mem-gb", type=float, help="device pool budget, GiB")
-    r.add_argument("--host-mem-gb", type=float, help="host pool budget, GiB")
-    r.add_argument("--scale", type=float, help="shrink both pools by this factor (0, 1]")
-    r.add_argument("--layers", type=int, help="override the model's layer count (shrinks ops)")
-    r.add_argument("--token-layer-bytes", type=int, help="override KV bytes per token per layer")
+    r.add_argument(
+        "--batch-requests", type=int_at_least(1), help="requests per batch at most (default 8)"
+    )
+    r.add_argument(
+        "--device-mem-gb", type=float_above(0),
+        help="device pool budget, GiB (default: sized from the trace so that most requests fit, "
+        "within a share of the free memory)",
+    )  # fmt: skip
+    r.add_argument("--host-mem-gb", type=float_above(0), help="host pool budget, GiB")
+    r.add_argument("--scale", type=float_in_unit, help="shrink both pools by this factor (0, 1]")
+    r.add_argument(
+        "--layers", type=int_at_least(1), help="override the model's layer count (shrinks ops)"
+    )
+    r.add_argument(
+        "--token-layer-bytes", type=int_at_least(1), help="override KV bytes per token per layer"
+    )
     r.add_argument("--verify", action="store_true", help="check every loaded page's bytes")
     r.add_argument("--threads", type=int, default=1, help=_THREADS_HELP)
     r.add_argument("--flush-mib", type=float, help=_FLUSH_HELP)
@@ -367,10 +481,10 @@ def register(subparsers: Any) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``hicache-sim replay`` on its own: ``main(["bench", "--device", "cpu", ...])``."""
-    parser = argparse.ArgumentParser(prog="hicache-sim replay")
+    parser = Parser(prog="hicache-sim replay")
     add_steps(parser)
-    args = parser.parse_args(argv)
-    return run_command(args)
+    args = parse_args(parser, argv)
+    return args if isinstance(args, int) else run_command(args)
 
 
 if __name__ == "__main__":

@@ -25,28 +25,37 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "configs used) from run directories and/or sweep directories.",
     )
     p.add_argument("dirs", type=Path, nargs="+", metavar="DIR", help="run or sweep directory")
-    p.add_argument("--out", type=Path, required=True, help="HTML file to write")
+    p.add_argument("--out", type=Path, required=True, help="HTML file to write (FILE.html)")
     p.add_argument("--pdf", action="store_true", help="also write the figures as a PDF")
     p.set_defaults(func=_cmd_report, user_errors=value_errors)
     return p
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    out = build_report(list(args.dirs), args.out, pdf=args.pdf)
+    from cli.args import check_output_file
+    from cli.errors import UserError
+
+    # before rendering: a directory or a typo in --out must not cost the work
+    check_output_file(args.out, (".html", ".htm"), what="HTML report")
+    try:
+        out = build_report(list(args.dirs), args.out, pdf=args.pdf)
+    except OSError as e:
+        where = e.filename or args.out
+        raise UserError(f"{where}: cannot write the report: {e.strerror or e}") from None
     print(f"report: {out}" + (f" and {out.with_suffix('.pdf')}" if args.pdf else ""))
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m cli.report DIR... --out FILE``: the ``report`` command on its own."""
-    from cli.errors import run_command
+    from cli.errors import Parser, parse_args, run_command
 
-    parser = argparse.ArgumentParser(prog="hicache-sim")
+    parser = Parser(prog="hicache-sim")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     register(sub)
-    args = parser.parse_args(["report", *(sys.argv[1:] if argv is None else argv)])
-    return run_command(args)
+    args = parse_args(parser, ["report", *(sys.argv[1:] if argv is None else argv)])
+    return args if isinstance(args, int) else run_command(args)
 
 
 if __name__ == "__main__":

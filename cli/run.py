@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from cli.args import check_output_dir, check_output_file, float_above, int_at_least, jobs_arg
 from cli.errors import UserError
 
 REPO_DATA = Path(__file__).resolve().parent.parent / "traces" / "data"
@@ -29,19 +31,32 @@ def register(subparsers: Any) -> None:
 
 
 def _int_list(text: str) -> list[int]:
+    """Comma-separated token counts >= 0; ``1e6`` is read as 1000000 (a fraction is dropped)."""
     try:
         out = [int(float(x)) for x in text.split(",") if x.strip()]
-    except ValueError:
+    except (ValueError, OverflowError):
         raise argparse.ArgumentTypeError(
             f"expected comma-separated integers, got {text!r}"
         ) from None
     if not out:
         raise argparse.ArgumentTypeError("expected at least one value")
+    if min(out) < 0:
+        raise argparse.ArgumentTypeError(f"expected integers >= 0, got {text!r}")
     return out
 
 
 def _str_list(text: str) -> list[str]:
-    return [x.strip() for x in text.split(",") if x.strip()]
+    out = [x.strip() for x in text.split(",") if x.strip()]
+    if not out:
+        raise argparse.ArgumentTypeError("expected at least one name")
+    return out
+
+
+def _check_names(option: str, what: str, names: Sequence[str], choices: Sequence[str]) -> None:
+    bad = [n for n in names if n not in choices]
+    if bad:
+        names = ", ".join(map(repr, bad))
+        raise UserError(f"{option}: unknown {what} {names}; choose from {', '.join(choices)}")
 
 
 def _load_trace(path: Path) -> Any:
@@ -54,6 +69,8 @@ def _load_trace(path: Path) -> Any:
         raise UserError(str(e)) from None
     except OSError as e:
         raise UserError(f"{path}: cannot read trace: {e.strerror or e}") from None
+    except ValueError as e:  # e.g. a Parquet file pyarrow cannot read
+        raise UserError(f"{path}: cannot read trace: {' '.join(str(e).split())}") from None
 
 
 def _write_csv(rows: Sequence[dict[str, Any]], path: Path) -> None:
@@ -75,7 +92,7 @@ def _write_csv(rows: Sequence[dict[str, Any]], path: Path) -> None:
 
 def _add_hitrate(sub: Any) -> None:
     from hicache.policy import WRITE_POLICIES
-    from sim.hitrate import EVICTIONS, OUTPUT_MODES
+    from sim.hitrate import EVICTIONS, OUTPUT_MODES, WRITE_BACK_NOTE
 
     p = sub.add_parser(
         "hitrate",
@@ -83,34 +100,50 @@ def _add_hitrate(sub: Any) -> None:
         description="Replay a trace through the HiCache policy core one request at a time (no "
         "timing) and report hit rates per configuration. Lists are comma-separated; "
         "every combination runs.",
+        epilog=f"Note: {WRITE_BACK_NOTE}.",
     )
-    p.add_argument("trace", type=Path)
-    p.add_argument("--device-tokens", type=_int_list, required=True, metavar="N[,N...]")
+    p.add_argument("trace", type=Path, help="trace file (.jsonl, .jsonl.gz, .parquet)")
+    p.add_argument(
+        "--device-tokens", type=_int_list, required=True, metavar="N[,N...]",
+        help="device (GPU) pool sizes in tokens, one run each, e.g. 1e6,4e6; a size that is "
+        "not a multiple of --page-size is rounded down to one (with a note)",
+    )  # fmt: skip
     host = p.add_mutually_exclusive_group()
     host.add_argument(
         "--host-tokens", type=_int_list, metavar="M[,M...]", help="host pool; 0 = no host tier"
     )
     host.add_argument(
         "--hicache-ratio",
-        type=float,
-        help="host pool = device × ratio, sized as SGLang does (one extra page); default 2",
+        type=float_above(0),
+        help="host pool = device × ratio (> 1), sized as SGLang does (one extra page); default 2",
     )
-    p.add_argument("--page-size", type=int, default=64, help="tokens per page (default 64)")
     p.add_argument(
-        "--eviction", type=_str_list, default=["lru"], help=f"one or more of {', '.join(EVICTIONS)}"
+        "--page-size", type=int_at_least(1), default=64, help="tokens per page (default 64)"
     )
+    p.add_argument(
+        "--eviction", type=_str_list, default=["lru"],
+        help=f"one or more of {', '.join(EVICTIONS)} (lfu and slru order by hit counts, which "
+        "write_back never increments: there they equal lru)",
+    )  # fmt: skip
     p.add_argument(
         "--write-policy",
         type=_str_list,
         default=["write_through"],
         help=f"one or more of {', '.join(WRITE_POLICIES)}",
     )
-    p.add_argument("--outputs", choices=OUTPUT_MODES, default="cache")
-    p.add_argument("--jobs", type=int, default=0, help="worker processes (default: all cores)")
-    p.add_argument("--csv", type=Path, help="write the table as CSV")
+    p.add_argument(
+        "--outputs", choices=OUTPUT_MODES, default="cache",
+        help="cache: a finished request inserts prompt + outputs, as SGLang's "
+        "cache_finished_req (default); skip: the prompt only",
+    )  # fmt: skip
+    p.add_argument("--jobs", type=jobs_arg, default=0, help="worker processes (0 = all cores)")
+    p.add_argument("--csv", type=Path, help="write the table as CSV (FILE.csv)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.add_argument("--plot", type=Path, help="write hit rate vs capacity (PNG/SVG/PDF)")
+    p.add_argument("--plot", type=Path, help="write hit rate vs capacity (.png, .svg or .pdf)")
     p.set_defaults(func=_cmd_hitrate)
+
+
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 
 
 def _host_pools(args: argparse.Namespace, device_tokens: int) -> list[int]:
@@ -118,16 +151,54 @@ def _host_pools(args: argparse.Namespace, device_tokens: int) -> list[int]:
 
     if args.host_tokens is not None:
         return list(args.host_tokens)
+    from hicache.config import MAX_POOL_PAGES
+
     ratio = 2.0 if args.hicache_ratio is None else args.hicache_ratio
     try:
-        return [host_pool_tokens(device_tokens, args.page_size, hicache_ratio=ratio)]
+        host = host_pool_tokens(device_tokens, args.page_size, hicache_ratio=ratio)
     except ValueError as e:
-        raise UserError(str(e)) from None
+        raise UserError(f"--hicache-ratio {ratio:g}: {e}") from None
+    if host // args.page_size > MAX_POOL_PAGES:
+        raise UserError(
+            f"--hicache-ratio {ratio:g}: a host pool of {host // args.page_size:,} pages is more "
+            f"than the simulator holds ({MAX_POOL_PAGES:,})"
+        )
+    return [host]
 
 
-def _hitrate_configs(args: argparse.Namespace) -> list[Any]:
-    from sim.hitrate import HitRateConfig
+def _device_sizes(args: argparse.Namespace, notes: list[str]) -> list[int]:
+    """``--device-tokens`` rounded down to page multiples (a line in ``notes`` for each)."""
+    from hicache.config import MAX_POOL_PAGES
 
+    page = args.page_size
+    sizes = []
+    for n in args.device_tokens:
+        rounded = n // page * page
+        if rounded <= 0:
+            raise UserError(f"--device-tokens: {n} is less than one page (--page-size {page})")
+        if rounded != n:
+            notes.append(
+                f"note: --device-tokens {n} rounded down to {rounded:,} (a multiple of the "
+                f"page size {page})"
+            )
+        sizes.append(rounded)
+    for option, values in (("--device-tokens", sizes), ("--host-tokens", args.host_tokens or [])):
+        for n in values:
+            if n // page > MAX_POOL_PAGES:
+                raise UserError(
+                    f"{option}: {n:,} tokens is {n // page:,} pages, more than the simulator "
+                    f"holds ({MAX_POOL_PAGES:,}); use a larger --page-size"
+                )
+    return sizes
+
+
+def _hitrate_configs(args: argparse.Namespace, notes: list[str]) -> list[Any]:
+    from hicache.policy import WRITE_POLICIES
+    from sim.hitrate import EVICTIONS, HitRateConfig
+
+    _check_names("--eviction", "eviction policy", args.eviction, EVICTIONS)
+    _check_names("--write-policy", "write policy", args.write_policy, WRITE_POLICIES)
+    args.device_tokens = _device_sizes(args, notes)
     configs = [
         HitRateConfig(
             device_tokens=dev,
@@ -146,34 +217,56 @@ def _hitrate_configs(args: argparse.Namespace) -> list[Any]:
         try:
             cfg.validate()
         except ValueError as e:
-            raise UserError(str(e)) from None
+            option = "--host-tokens" if "host" in str(e) else "--device-tokens"
+            raise UserError(f"{option}: {e}") from None
     return configs
 
 
 def _cmd_hitrate(args: argparse.Namespace) -> int:
+    from sim.hitrate import write_back_ignores_hit_counts
     from studies.sweep.hitrate import run_hitrate_grid
     from traces.stats import infinite_capacity_hit_rate
 
-    configs = _hitrate_configs(args)
+    notes: list[str] = []
+    configs = _hitrate_configs(args, notes)
+    if args.csv:
+        check_output_file(args.csv, (".csv",), what="CSV table", option="--csv")
+    if args.plot:
+        check_output_file(args.plot, PLOT_SUFFIXES, what="plot", option="--plot")
     trace = _load_trace(args.trace)
     try:
         inf = infinite_capacity_hit_rate(trace, args.page_size)
     except ValueError as e:
         raise UserError(f"{args.trace}: {e}") from None
+    for line in notes:  # every input checked: no note precedes an error line
+        print(line, file=sys.stderr)
     rows = run_hitrate_grid(trace, configs, jobs=args.jobs)
     for r in rows:
         r["infinite_capacity_hit_rate"] = inf
+    note = write_back_ignores_hit_counts(rows)
+    # the results first: a file that still cannot be written does not lose them
+    if args.json:
+        print(json.dumps({"trace": str(args.trace), "rows": rows, "note": note}, indent=1))
+    else:
+        print(format_hitrate_table(rows, inf, len(trace)))
+        if note:
+            print(f"note: {note}")
     if args.csv:
-        _write_csv(rows, args.csv)
+        _write_output(args.csv, "CSV table", lambda: _write_csv(rows, args.csv))
     if args.plot:
         from studies.report import plot_hitrate
 
-        plot_hitrate(rows, args.plot, title=f"{args.trace.name} (page {args.page_size})")
-    if args.json:
-        print(json.dumps({"trace": str(args.trace), "rows": rows}, indent=1))
-    else:
-        print(format_hitrate_table(rows, inf, len(trace)))
+        title = f"{args.trace.name} (page {args.page_size})"
+        _write_output(args.plot, "plot", lambda: plot_hitrate(rows, args.plot, title=title))
     return 0
+
+
+def _write_output(path: Path, what: str, write: Any) -> None:
+    """``write()``; an ``OSError`` (disk full, folder removed meanwhile) as a ``UserError``."""
+    try:
+        write()
+    except OSError as e:
+        raise UserError(f"{path}: cannot write {what}: {e.strerror or e}") from None
 
 
 def format_hitrate_table(rows: list[dict[str, Any]], inf: float, n_requests: int) -> str:
@@ -208,56 +301,69 @@ def _add_run(sub: Any) -> None:
         "decode compute, layer-wise loads, write-through copies, queueing. Writes a run "
         "directory (config.json, summary.json, requests/timeline/transfers.parquet).",
     )
-    p.add_argument("trace", type=Path)
+    from cli.config import add_config_options
+
+    p.add_argument("trace", type=Path, help="trace file (.jsonl, .jsonl.gz, .parquet)")
+    add_config_options(p, profile_flag=True)
     p.add_argument(
-        "--config", type=Path, help="TOML config file (sections as in hicache/config/sections.py)"
-    )
-    p.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-        help="override one config value (repeatable), e.g. --set cache.write_policy=write_back",
+        "--profile", type=Path,
+        help="latency profile JSON (default: the shipped one for gpu.name + link.name); one "
+        "measured on another machine needs --allow-profile-mismatch",
     )  # fmt: skip
-    p.add_argument("--profile", type=Path, help="latency profile JSON (default: shipped one)")
     p.add_argument("--out", type=Path, required=True, help="run directory to write")
-    p.add_argument("--seed", type=int, help="run.seed (the simulator itself is deterministic)")
+    p.add_argument(
+        "--seed", type=int_at_least(0),
+        help="run.seed (the simulator itself is deterministic)",
+    )  # fmt: skip
     p.add_argument("--force", action="store_true", help="overwrite an existing run directory")
     p.set_defaults(func=_cmd_run)
 
 
 def _resolve_config(args: argparse.Namespace) -> Any:
-    from hicache.config import ConfigError, load_config
+    """The run's config (:func:`cli.config.resolve_config`) with ``--profile`` and ``--seed``;
+    its latency profile is loaded here, so a bad one is reported before any work."""
+    from cli.config import resolve_config
+    from hicache.latency import load_profile
 
-    overrides = list(args.overrides)
+    extra = []
     if args.profile is not None:
-        overrides.append(f"run.profile={args.profile}")
+        extra.append((f"run.profile={args.profile}", f"--profile {args.profile}"))
     if args.seed is not None:
-        overrides.append(f"run.seed={args.seed}")
+        extra.append((f"run.seed={args.seed}", f"--seed {args.seed}"))
+    resolved = resolve_config(args, extra)
+    cfg = resolved.cfg
     try:
-        return load_config(args.config, overrides)
-    except ConfigError as e:
+        load_profile(cfg.run.profile or None, cfg.gpu.name, cfg.link.name)
+    except ValueError as e:
         raise UserError(str(e)) from None
-    except OSError as e:
-        raise UserError(f"{args.config}: cannot read config: {e.strerror or e}") from None
-
-
-def _check_out_dir(out: Path, force: bool) -> None:
-    if out.exists() and any(out.iterdir()) and not force:
-        raise UserError(
-            f"{out}: run directory exists and is not empty (use --force to overwrite, or a new "
-            "--out)"
-        )
+    return resolved
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    import shutil
+
+    from hicache.sglang_args import format_sglang_command
     from sim.engine import run_simulation
 
-    cfg = _resolve_config(args)
-    _check_out_dir(args.out, args.force)
+    resolved = _resolve_config(args)
+    cfg = resolved.cfg
+    check_output_dir(args.out, force=args.force, what="run directory")
     trace = _load_trace(args.trace)
+    resolved.print_notes()
+    created = not args.out.exists()
     try:
         summary = run_simulation(cfg, trace, args.out)
-    except ValueError as e:  # e.g. page size not dividing the trace's block size
-        raise UserError(f"{args.trace}: {e}") from None
+    except BaseException as e:
+        if created:  # no half-written run directory is left behind
+            shutil.rmtree(args.out, ignore_errors=True)
+        if isinstance(e, ValueError):  # e.g. page size not dividing the trace's block size
+            raise UserError(f"{args.trace}: {e}") from None
+        if isinstance(e, OSError):
+            where = e.filename or args.out
+            raise UserError(f"{where}: cannot write the run: {e.strerror or e}") from None
+        raise
     print(format_summary(summary))
+    print(f"as SGLang flags: {format_sglang_command(cfg).splitlines()[0]}")
     print(f"run directory: {args.out}")
     return 0
 
@@ -292,6 +398,8 @@ DEMO_PAGE = 64
 
 
 def _add_demo(sub: Any) -> None:
+    from cli.args import jobs_arg
+
     p = sub.add_parser(
         "demo",
         help="the demo job: write policies on the bundled Mooncake trace",
@@ -301,9 +409,25 @@ def _add_demo(sub: Any) -> None:
         "cache-only hit-rate-vs-capacity study; writes run directories, a CSV, a plot and a "
         "Markdown report.",
     )
-    p.add_argument("--out", type=Path, default=Path("runs/demo"))
-    p.add_argument("--trace", type=Path, default=REPO_DATA / "mooncake/conversation_trace.jsonl")
-    p.add_argument("--jobs", type=int, default=0)
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=Path("runs/demo"),
+        help="folder to write runs/, comparison.csv, hitrate.csv, hitrate.png, report.md and "
+        "report.html into (created if missing; default runs/demo)",
+    )
+    p.add_argument(
+        "--trace",
+        type=Path,
+        default=REPO_DATA / "mooncake/conversation_trace.jsonl",
+        help="trace to simulate (default: the bundled Mooncake conversation trace)",
+    )
+    p.add_argument(
+        "--jobs",
+        type=jobs_arg,
+        default=0,
+        help="worker processes for the timed runs and the hit-rate grid (default 0: all cores)",
+    )
     p.set_defaults(func=_cmd_demo)
 
 
@@ -350,8 +474,8 @@ def _demo_timed(args: argparse.Namespace, trace: Any) -> tuple[list[Path], str]:
     return [Path(j[3]) for j in jobs], comparison
 
 
-def _demo_hitrate(args: argparse.Namespace, trace: Any) -> str:
-    """The cache-only grid: hit rate vs device capacity per write policy; its table."""
+def _demo_hitrate(args: argparse.Namespace, trace: Any) -> tuple[list[dict[str, Any]], str]:
+    """The cache-only grid: hit rate vs device capacity per write policy; its rows and table."""
     from hicache.policy import host_pool_tokens
     from sim.hitrate import HitRateConfig
     from studies.report import plot_hitrate
@@ -373,7 +497,7 @@ def _demo_hitrate(args: argparse.Namespace, trace: Any) -> str:
     _write_csv(rows, args.out / "hitrate.csv")
     plot_hitrate(rows, args.out / "hitrate.png", title=f"{args.trace.name} (page {page}, LRU)",
                  series="policy")  # fmt: skip
-    return format_hitrate_table(rows, inf, len(trace))
+    return rows, format_hitrate_table(rows, inf, len(trace))
 
 
 def _demo_markdown(comparison: str, table: str) -> str:
@@ -391,15 +515,26 @@ def _demo_markdown(comparison: str, table: str) -> str:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
+    from sim.hitrate import write_back_ignores_hit_counts
     from studies.report import build_report
     from traces.fsutil import write_text_atomic
 
     args.out.mkdir(parents=True, exist_ok=True)
     trace = _load_trace(args.trace)
     run_dirs, comparison = _demo_timed(args, trace)
-    table = _demo_hitrate(args, trace)
+    print(f"\ncache-only replay: hit rate vs device capacity (page {DEMO_PAGE}, LRU)")
+    rows, table = _demo_hitrate(args, trace)
+    print(table)
+    note = write_back_ignores_hit_counts(rows)
+    if note:
+        print(f"note: {note}")
     write_text_atomic(_demo_markdown(comparison, table), args.out / "report.md")
-    html = build_report(run_dirs, args.out / "report.html")
+    html = build_report(
+        run_dirs,
+        args.out / "report.html",
+        hitrate_rows=rows,
+        hitrate_title=f"{args.trace.name} (page {DEMO_PAGE}, LRU, host pool 2 × device)",
+    )
     print(f"\nreport: {html}  (also report.md, comparison.csv, hitrate.csv, hitrate.png, runs/)")
     return 0
 

@@ -9,7 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cli.errors import run_command, value_errors
+from cli.args import check_output_dir, jobs_arg
+from cli.errors import Parser, UserError, parse_args, run_command, value_and_os_errors
 from studies.sweep import EXECUTORS, run_sweep
 
 if TYPE_CHECKING:
@@ -31,12 +32,15 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "jobs with the same resolved config and retries failed ones.",
     )
     p.add_argument("grid", type=Path, help="grid file (TOML)")
-    p.add_argument("--out", type=Path, required=True, help="sweep directory to write")
+    p.add_argument(
+        "--out", type=Path, required=True,
+        help="sweep directory to write (an existing one is resumed)",
+    )  # fmt: skip
     p.add_argument(
         "--jobs",
-        type=int,
+        type=jobs_arg,
         default=0,
-        help="worker processes (local) or CPUs of a local Ray (default: all cores)",
+        help="worker processes (local) or CPUs of a local Ray (0 = all cores, the default)",
     )
     p.add_argument(
         "--executor",
@@ -45,15 +49,36 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         help="local process pool (default) or Ray (needs the 'cluster' extra)",
     )
     p.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
-    p.set_defaults(func=_cmd_sweep, user_errors=value_errors)
+    p.set_defaults(func=_cmd_sweep, user_errors=value_and_os_errors)
     return p
 
 
+def _check_grid(grid: Path) -> None:
+    """A grid file that cannot be read or is not text, as a one-line error naming it."""
+    try:
+        grid.read_bytes().decode("utf-8")
+    except OSError as e:
+        raise UserError(f"{grid}: cannot read grid: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{grid}: cannot read grid: not a UTF-8 text (TOML) file") from None
+
+
 def _cmd_sweep(args: argparse.Namespace) -> int:
+    import shutil
+
     t0 = time.perf_counter()
-    df = run_sweep(
-        args.grid, args.out, jobs=args.jobs, executor=args.executor, address=args.address
-    )
+    _check_grid(args.grid)
+    check_output_dir(args.out, force=True, what="sweep directory")
+    created = not args.out.exists()
+    try:
+        df = run_sweep(
+            args.grid, args.out, jobs=args.jobs, executor=args.executor, address=args.address
+        )
+    except Exception:
+        # a grid error found before any job ran leaves no empty sweep directory behind
+        if created and args.out.is_dir() and not any(args.out.iterdir()):
+            shutil.rmtree(args.out, ignore_errors=True)
+        raise
     print(format_results(df, time.perf_counter() - t0, args.out))
     return 1 if (df["status"] != "ok").any() else 0
 
@@ -88,12 +113,12 @@ def format_results(df: pd.DataFrame, seconds: float, out: Path) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m cli.sweep GRID --out DIR ...``: the ``sweep`` command on its own."""
-    parser = argparse.ArgumentParser(prog="hicache-sim")
+    parser = Parser(prog="hicache-sim")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     register(sub)
-    args = parser.parse_args(["sweep", *(sys.argv[1:] if argv is None else argv)])
-    return run_command(args)
+    args = parse_args(parser, ["sweep", *(sys.argv[1:] if argv is None else argv)])
+    return args if isinstance(args, int) else run_command(args)
 
 
 if __name__ == "__main__":

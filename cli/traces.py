@@ -12,14 +12,19 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import math
 import sys
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from cli.errors import run_command
+from cli.args import check_output_file, float_above, int_at_least
+from cli.errors import Parser, parse_args, run_command
 from traces.schema import DEFAULT_BLOCK_SIZE, Trace, TraceError
+
+#: What a trace file's name ends in (the writer picks the format by it).
+TRACE_SUFFIXES = (".jsonl", ".jsonl.gz", ".parquet")
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -46,7 +51,7 @@ def _add_subcommands(parser: argparse.ArgumentParser) -> None:
     p.add_argument("file", type=Path)
     p.add_argument(
         "--page-size",
-        type=int,
+        type=int_at_least(1),
         default=None,
         help="page size for the infinite-capacity hit ratio (default: 1 and the block size)",
     )
@@ -66,7 +71,7 @@ def _add_subcommands(parser: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--block-size",
-        type=int,
+        type=int_at_least(1),
         default=DEFAULT_BLOCK_SIZE,
         help="block size given to CSV sources (default %(default)s)",
     )
@@ -118,14 +123,16 @@ def _add_gen(p: argparse.ArgumentParser) -> None:
                     help=text + " (default %(default)s)",
                 )
             else:
+                # a float must be finite: NaN would slip through every range check
+                typ = float_above(-math.inf) if isinstance(default, float) else type(default)
                 k.add_argument(
-                    flag, type=type(default), default=default, help=text + " (default %(default)s)"
+                    flag, type=typ, default=default, help=text + " (default %(default)s)"
                 )
 
 
 def build_parser() -> argparse.ArgumentParser:
     """Stand-alone parser (``python -m cli.traces``), same options as ``hicache-sim trace``."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="hicache-sim trace",
         description="Inspect, convert, generate and validate request traces.",
     )
@@ -138,12 +145,17 @@ def user_error(err: Exception, args: argparse.Namespace) -> str | None:
     """The one-line message of a user error of a ``trace`` command (None: not one, a bug)."""
     if isinstance(err, TraceError):
         return str(err)
+    source = getattr(args, "file", None) or getattr(args, "input", None)
     if isinstance(err, OSError):
-        where = err.filename if err.filename is not None else "trace"
+        where = err.filename if err.filename is not None else (source or "trace")
         return f"{where}:0: file: {err.strerror or err}"
     if isinstance(err, ValueError):
-        # parameter errors from generators, keys (page size) and converters
-        return f"trace {args.trace_command}: {err}"
+        # parameter errors from generators, keys (page size) and converters; a reader's own
+        # error (pyarrow on a broken Parquet file) may not name the file: then it is added
+        text = " ".join(str(err).split())
+        if source is not None and str(source) not in text:
+            return f"{source}:0: file: trace {args.trace_command}: {text}"
+        return f"trace {args.trace_command}: {text}"
     return None
 
 
@@ -189,6 +201,7 @@ def _stats(args: argparse.Namespace) -> int:
 def _convert(args: argparse.Namespace) -> int:
     from traces.convert import convert
 
+    check_output_file(args.output, TRACE_SUFFIXES, what="trace", option="output")
     trace = convert(
         args.input, args.output, args.from_format, block_size=args.block_size, lenient=args.lenient
     )
@@ -248,6 +261,7 @@ def _gen(args: argparse.Namespace) -> int:
     from traces.io import write_trace
 
     params = {name: getattr(args, name) for name in generator_params(args.kind)}
+    check_output_file(args.out, TRACE_SUFFIXES, what="trace")
     trace = generate(args.kind, **params)
     write_trace(trace, args.out)
     if args.json:
@@ -268,8 +282,8 @@ def _gen(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Stand-alone entry point: ``python -m cli.traces stats FILE`` etc."""
-    args = build_parser().parse_args(argv)
-    return run_command(args)
+    args = parse_args(build_parser(), argv)
+    return args if isinstance(args, int) else run_command(args)
 
 
 if __name__ == "__main__":

@@ -331,10 +331,7 @@ def machine_mismatch(provenance: Mapping[str, Any], gpu: str) -> str | None:
     if where is None or where == gpu:
         return None
     if where == "cpu":
-        return (
-            "it was measured on CPU tensors, not on a GPU: its copy and compute constants "
-            f"are not {gpu}'s"
-        )
+        return f"it was measured on CPU tensors, not on a GPU: its numbers are not {gpu}'s"
     return f"it was measured on {where}, not on {gpu}"
 
 

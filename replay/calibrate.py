@@ -21,10 +21,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pandas as pd
 
 from hicache.latency import BACKENDS, DIRECTIONS, LinkParams, Profile
-from hicache.profile import COMPUTE_KEYS
+from hicache.profile import COMPUTE_KEYS, MEASURED_ON
 from replay.fit import (
     ETA_MIN_BYTES,
     LinkFit,
@@ -93,6 +94,7 @@ def calibrate(
     notes = _notes(kernel_layout, measured)
     prov = {
         "source": source or "hicache-sim replay calibrate",
+        MEASURED_ON: _measured_on(machine),
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "bench_date": str(meta.get("date", "unknown")),
         "code_commit": str(meta.get("code_commit", "unknown")),
@@ -170,6 +172,17 @@ def _compute_constants(
     return compute, how
 
 
+def _measured_on(machine: dict[str, str]) -> str:
+    """The provenance's ``measured_on`` (:data:`hicache.profile.MEASURED_ON`): ``cpu``, the GPU
+    preset of the bench's device, or ``cuda:<name>`` for a GPU without one."""
+    from replay.presets import gpu_preset_for
+
+    if machine.get("device", "cpu") != "cuda":
+        return "cpu"
+    name = machine.get("gpu_name", "")
+    return gpu_preset_for(name) or f"cuda:{name or 'unknown'}"
+
+
 def _notes(kernel_layout: str, measured: bool) -> list[str]:
     notes = [
         "kernel backend = torch index_select/index_copy_ emulation (device gather/scatter, CPU "
@@ -230,14 +243,53 @@ def _sizes_text(df: pd.DataFrame) -> str:
     return "; ".join(parts)
 
 
+#: Columns the fit reads, and those of them that must be numbers.
+_BENCH_COLUMNS = ("kind", "backend", "direction", "host_memory", "layout", "bytes", "run_pages",
+                  "layers", "n_alpha", "n_gamma", "flops", "duration_s")  # fmt: skip
+_NUMERIC = ("bytes", "run_pages", "layers", "n_alpha", "n_gamma", "flops", "duration_s")
+
+
+def _read_bench_table(folder: Path) -> pd.DataFrame:
+    """``bench.parquet`` (or ``bench.csv``), every read error as a ``ValueError`` naming it."""
+    name = "bench.parquet" if (folder / "bench.parquet").is_file() else "bench.csv"
+    try:
+        df = read_table(folder, "bench")
+    except (OSError, ValueError) as e:
+        if str(e).startswith(str(folder)):
+            raise
+        text = " ".join(str(e).split()) or type(e).__name__
+        raise ValueError(f"{folder / name}: cannot read the bench table: {text}") from None
+    missing = [c for c in _BENCH_COLUMNS if c not in df.columns]
+    if missing:
+        raise ValueError(f"{folder / name}: not a bench table: no column {', '.join(missing)}")
+    for c in _NUMERIC:
+        if not pd.api.types.is_numeric_dtype(df[c]) or pd.api.types.is_bool_dtype(df[c]):
+            raise ValueError(f"{folder / name}: column {c}: expected numbers")
+        if not np.isfinite(df[c].to_numpy(float)).all():
+            raise ValueError(f"{folder / name}: column {c}: expected finite numbers")
+    if (df.duration_s <= 0).any():
+        raise ValueError(f"{folder / name}: column duration_s: expected times > 0")
+    for c in ("kind", "backend", "direction", "host_memory", "layout"):
+        df[c] = df[c].astype(str).where(df[c].notna(), "")
+    return df
+
+
 def load_bench(folder: Path) -> tuple[pd.DataFrame, dict[str, Any]]:
-    """The table and ``meta.json`` of a bench output folder (``ValueError`` if missing)."""
+    """The table and ``meta.json`` of a bench output folder; ``ValueError`` naming the file
+    when one is missing or is not what ``replay bench`` writes."""
     folder = Path(folder)
-    df = read_table(folder, "bench")
+    if not folder.is_dir():
+        raise ValueError(f"{folder}: not a bench folder (hicache-sim replay bench --out)")
+    df = _read_bench_table(folder)
     meta_path = folder / "meta.json"
-    meta = read_json(meta_path) if meta_path.is_file() else {}
+    try:
+        meta = read_json(meta_path) if meta_path.is_file() else {}
+    except UnicodeDecodeError:
+        raise ValueError(f"{meta_path}: not a UTF-8 text (JSON) file") from None
     if not isinstance(meta, dict):
         raise ValueError(f"{meta_path}: expected an object")
+    if not isinstance(meta.get("machine", {}), dict):
+        raise ValueError(f"{meta_path}: machine: expected an object")
     return df, meta
 
 

@@ -25,6 +25,8 @@ request): a test that the copies move the right bytes to the right pages in both
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -131,9 +133,16 @@ class TraceReplayer:
         self.ctrl.synchronize()
 
     def run(
-        self, reqs: Sequence[PagedRequest], max_tokens: int = 0, max_requests: int = 1
+        self,
+        reqs: Sequence[PagedRequest],
+        max_tokens: int = 0,
+        max_requests: int = 1,
+        progress: bool | None = False,
     ) -> ReplayResult:
         """Serve ``reqs`` in order, in batches (module docstring), and :meth:`finish`.
+
+        ``progress``: a bar over requests on stderr (None: only on a terminal; none either
+        without tqdm, which a GPU image may lack).
 
         A batch takes the next request while its prompt tokens stay within ``max_tokens``, it
         has fewer than ``max_requests`` requests, and the request's prompt + outputs + one page
@@ -141,6 +150,26 @@ class TraceReplayer:
         reserved (SGLang's PrefillAdder budget, simplified). The first request of a batch is
         always taken, so ``max_tokens <= 0`` or ``max_requests <= 1`` serves one at a time.
         """
+        bar_type: Any = None
+        if progress is not False:
+            with contextlib.suppress(ImportError):  # the device check's GPU image has no tqdm
+                bar_type = importlib.import_module("tqdm").tqdm
+        if bar_type is None:
+            self._batches(reqs, max_tokens, max_requests, lambda n: None)
+        else:
+            # tqdm's disable=None: a bar only when stderr is a terminal
+            disable = None if progress is None else False
+            with bar_type(total=len(reqs), desc="replay", unit="req", disable=disable) as bar:
+                self._batches(reqs, max_tokens, max_requests, bar.update)
+        return self.finish()
+
+    def _batches(
+        self,
+        reqs: Sequence[PagedRequest],
+        max_tokens: int,
+        max_requests: int,
+        done: Callable[[int], object],
+    ) -> None:
         cache, p, dev = self.cache, self.p, self.ctrl.device
         i = 0
         while i < len(reqs):
@@ -160,7 +189,7 @@ class TraceReplayer:
                 tokens += r.input_length
                 reserved += r.input_length - len(a.req.kv) * p + r.output_length + p
             self.serve(admitted)
-        return self.finish()
+            done(len(admitted))
 
     def _admit(self, r: PagedRequest) -> _Live:
         """Match ``r`` and queue the load of its host hit (step 1 for one request)."""

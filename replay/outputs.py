@@ -55,8 +55,11 @@ def read_json(path: Path) -> Any:
         return json.loads(path.read_text(encoding="utf-8"))
     except OSError as e:
         raise ValueError(f"{path}: cannot read: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: cannot read: not a UTF-8 text (JSON) file") from None
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path}:{e.lineno}: invalid JSON: {e.msg}") from None
+        msg = e.msg.removesuffix(" at")  # "Unterminated string starting at": the column says
+        raise ValueError(f"{path}:{e.lineno}: invalid JSON: {msg} at column {e.colno}") from None
 
 
 __all__ = ["read_json", "read_table", "write_json", "write_table", "write_text"]

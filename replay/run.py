@@ -14,7 +14,9 @@ here.
 
 from __future__ import annotations
 
+import math
 import time
+from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -155,9 +157,11 @@ def run_replay(
     profile_path: str = "",
     out: Path | None = None,
     log: Callable[[str], None] | None = None,
+    progress: bool | None = False,
 ) -> dict[str, Any]:
     """Replay ``trace`` (see the module docstring); write ``out`` (``ops.parquet``/``.csv``,
-    ``summary.json``, ``config.json``) if given; return the summary."""
+    ``summary.json``, ``config.json``) if given; return the summary. ``progress``: a bar over
+    the requests on stderr (None: only on a terminal)."""
     say = log or (lambda _msg: None)
     t_start = time.perf_counter()
     sizing = settings.pools()
@@ -188,7 +192,7 @@ def run_replay(
     _warm_up(ctrl, _warmup_pages(settings, spec, reqs), say)
     if settings.verify:
         pools.device.zero_()  # the warm-up copied zeros around, but keep the start state plain
-    result, replay_s = _replay(ctrl, runtime, settings, reqs, say)
+    result, replay_s = _replay(ctrl, runtime, settings, reqs, say, progress)
     ops = _op_table(ctrl, profile)
     summary = {
         "trace": str(getattr(trace, "path", "") or ""),
@@ -218,6 +222,79 @@ def run_replay(
         write_json(summary["settings"] | {"notes": summary["notes"]}, out / "config.json")
         write_json(summary, out / "summary.json")
     return summary
+
+
+class BudgetError(ValueError):
+    """The memory a default budget may take cannot hold most of the trace's requests."""
+
+
+#: :func:`fit_budgets` sizes the device budget so that this share of the requests fits...
+FIT_SHARE = 0.95
+#: ... with room for this many of such a request (so a request can hit another's prefix).
+FIT_ROOM = 2
+#: More than this share of unservable requests is refused (their hits would all be zero, so
+#: the hit rate and the op mix would describe a fraction of the trace).
+MAX_UNSERVABLE = 0.25
+
+
+def _pages_needed(reqs: Sequence[PagedRequest], page: int) -> list[int]:
+    """Device pages each request needs to be served (prompt + outputs + one page), sorted."""
+    return sorted(-(-(r.input_length + r.output_length + page) // page) for r in reqs)
+
+
+def fit_budgets(
+    trace: Any,
+    settings: ReplaySettings,
+    cap_device_bytes: int,
+    cap_host_bytes: int,
+    *,
+    host_budget_fixed: bool = False,
+) -> tuple[int, int, str | None]:
+    """Default memory budgets sized from ``trace``: ``(device, host, note)``.
+
+    The device budget grows from ``settings.device_budget_bytes`` until :data:`FIT_SHARE` of
+    the requests fit :data:`FIT_ROOM` times (prompt + outputs + a page, in the replay's
+    geometry), at most ``cap_device_bytes``; the host budget keeps the config's host/device
+    ratio (at most ``cap_host_bytes``; unchanged with ``host_budget_fixed``). ``note`` says what
+    was chosen, or warns of requests that still do not fit. :class:`BudgetError` when more
+    than :data:`MAX_UNSERVABLE` of them would not fit even so, with what to do instead.
+    """
+    reqs = trace_requests(trace, settings.page_size, settings.max_requests)
+    dev0, host0 = settings.device_budget_bytes, settings.host_budget_bytes
+    if not reqs:
+        return dev0, host0, None
+    big = replace(settings, device_budget_bytes=1 << 62, host_budget_bytes=1 << 62)
+    full = big.pools().spec  # the requested pools, unscaled: no memory is allocated
+    page_bytes, page = full.page_bytes, full.page_size
+    need = _pages_needed(reqs, page)
+    want_pages = need[max(0, math.ceil(FIT_SHARE * len(need)) - 1)] * FIT_ROOM
+    dev = min(max(dev0, want_pages * page_bytes), max(dev0, cap_device_bytes))
+    host = host0
+    if not host_budget_fixed:
+        ratio = full.host_pages / full.device_pages
+        host = min(max(host0, int(dev * ratio) + 2 * page_bytes), max(host0, cap_host_bytes))
+    sized = replace(settings, device_budget_bytes=dev, host_budget_bytes=host).pools().spec
+    unfit = len(need) - bisect_right(need, sized.device_pages)
+    gib = f"{dev / GiB:.3g} GiB device, {host / GiB:.3g} GiB host"
+    if unfit > MAX_UNSERVABLE * len(need) and sized.device_pages < full.device_pages:
+        layers = full.num_layers
+        room = cap_device_bytes // (want_pages * page * full.token_layer_bytes)
+        advice = (
+            f"--layers {min(room, layers - 1)} (each op keeps its shape, with fewer layers)"
+            if room >= 1 and layers > 1
+            else "--layers 1 --token-layer-bytes N (smaller ops)"
+        )
+        raise BudgetError(
+            f"{unfit:,} of {len(need):,} requests would not fit the device pool that the "
+            f"default budget allows on this machine ({sized.device_pages * page:,} tokens in "
+            f"{gib}), so they would only count as out-of-memory; use {advice}, or give more "
+            f"memory with --device-mem-gb {want_pages * page_bytes / GiB:.2g} (and --host-mem-gb)"
+        )
+    note = None
+    if (dev, host) != (dev0, host0):
+        share = 1 - unfit / len(need)
+        note = f"budgets sized from the trace: {gib} ({share:.0%} of its requests fit)"
+    return dev, host, note
 
 
 def _unservable_note(reqs: Sequence[PagedRequest], sizing: PoolSizing) -> str | None:
@@ -277,6 +354,7 @@ def _replay(
     settings: ReplaySettings,
     reqs: Sequence[PagedRequest],
     say: Callable[[str], None],
+    progress: bool | None = False,
 ) -> tuple[ReplayResult, float]:
     """``reqs`` through the policy core on ``ctrl`` (a cache flush where a forward pass would
     run); the cache figures and the replay's seconds."""
@@ -291,7 +369,7 @@ def _replay(
     )
     t_replay = time.perf_counter()
     say(f"replaying {len(reqs)} requests ({settings.backend} IO)")
-    result = rp.run(reqs, settings.batch_tokens, settings.batch_requests)
+    result = rp.run(reqs, settings.batch_tokens, settings.batch_requests, progress=progress)
     return result, time.perf_counter() - t_replay
 
 
@@ -307,8 +385,11 @@ def _op_table(ctrl: TorchController, profile: Profile) -> pd.DataFrame:
 
 
 __all__ = [
+    "FIT_SHARE",
     "OP_COLUMNS",
+    "BudgetError",
     "ReplaySettings",
+    "fit_budgets",
     "format_summary",
     "predict",
     "run_replay",

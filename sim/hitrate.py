@@ -23,12 +23,16 @@ A request whose KV cannot fit even after evicting everything evictable is counte
 
 Reported ``hit_rate`` = Σ cached tokens / Σ prompt tokens (SGLang's cache_hit_rate), split into
 ``device_hit_rate`` (found on device) and ``host_hit_rate`` (loaded back from host).
+
+Under ``write_back`` SGLang never increments hit counts, so the hit-count strategies (``lfu``,
+``slru``) evict exactly as ``lru``: identical rows are expected, and
+:func:`write_back_ignores_hit_counts` says so for a set of result rows.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -226,6 +230,27 @@ def replay(requests: Sequence[PagedRequest], cfg: HitRateConfig) -> HitRateResul
     return rp.finish()
 
 
+#: Eviction strategies whose key is a node's hit count (``hicache.policy.eviction``).
+HIT_COUNT_EVICTIONS = ("lfu", "slru")
+
+#: Why ``lfu``/``slru`` rows equal ``lru`` rows under ``write_back`` (SGLang's behaviour).
+WRITE_BACK_NOTE = (
+    "under write_back SGLang never counts hits (HiRadixCache._inc_hit_count returns at once), "
+    "so lfu and slru, which order nodes by hit count, evict exactly as lru does: identical "
+    "rows there are SGLang's behaviour, not a bug"
+)
+
+
+def write_back_ignores_hit_counts(rows: Sequence[Mapping[str, Any]]) -> str | None:
+    """:data:`WRITE_BACK_NOTE` when ``rows`` (dicts with ``eviction`` and ``write_policy``, as
+    the hit-rate grid and sweep results have) include a hit-count strategy under write_back,
+    else None: a caption for tables and figures that would otherwise look like a bug."""
+    for r in rows:
+        if r.get("write_policy") == "write_back" and r.get("eviction") in HIT_COUNT_EVICTIONS:
+            return WRITE_BACK_NOTE
+    return None
+
+
 def requests_for(trace: Any, page_size: int) -> list[PagedRequest]:
     """The requests of a ``traces.schema.Trace`` at ``page_size``."""
     return paged_requests(trace, page_size)
@@ -233,7 +258,9 @@ def requests_for(trace: Any, page_size: int) -> list[PagedRequest]:
 
 __all__ = [
     "EVICTIONS",
+    "HIT_COUNT_EVICTIONS",
     "OUTPUT_MODES",
+    "WRITE_BACK_NOTE",
     "CacheReplay",
     "HitRateConfig",
     "HitRateResult",
@@ -242,4 +269,5 @@ __all__ = [
     "PagedRequest",
     "replay",
     "requests_for",
+    "write_back_ignores_hit_counts",
 ]

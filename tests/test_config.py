@@ -231,7 +231,7 @@ def test_missing_file() -> None:
         ("scheduler.schedule_conservativeness=0", "scheduler.schedule_conservativeness", "> 0"),
         ("scheduler.clip_max_new_tokens=0", "scheduler.clip_max_new_tokens", ">= 1"),
         ("scheduler.retract_decode_steps=-1", "scheduler.retract_decode_steps", ">= 0"),
-        ("workload.rate_scale=0", "workload.rate_scale", "> 0"),
+        ("workload.rate_scale=0", "workload.rate_scale", "[1e-06, 1e+06]"),
         ("workload.max_requests=-1", "workload.max_requests", ">= 0"),
         ("workload.closed_loop=maybe", "workload.closed_loop", "auto, on, off"),
         ("workload.outputs=all", "workload.outputs", "cache, skip"),
@@ -343,3 +343,75 @@ def test_config_imports_no_heavy_modules() -> None:
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
     loaded = set(out.stdout.split())
     assert not loaded & {"simpy", "numpy", "pandas", "torch", "pyarrow", "matplotlib", "traces"}
+
+
+def test_config_imports_keep_the_key_docs_and_sglang_flags_light() -> None:
+    code = (
+        "import sys, hicache.config.keys, hicache.sglang_args\n"
+        "print(' '.join(sorted(m.split('.')[0] for m in sys.modules)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    assert not set(out.stdout.split()) & {"simpy", "numpy", "pandas", "torch", "traces"}
+
+
+def test_a_binary_config_file_is_a_config_error(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_bytes(bytes(range(256)))
+    with pytest.raises(ConfigError, match=r"c.toml: cannot read config: not a UTF-8 text"):
+        load_config(path)
+
+
+def test_a_pool_too_large_to_hold_is_a_config_error() -> None:
+    from hicache.config import MAX_POOL_PAGES
+
+    with pytest.raises(ConfigError, match=r"gpu.device_tokens: a pool of .* use a larger"):
+        load_config(None, [f"gpu.device_tokens={(MAX_POOL_PAGES + 1) * 64}"])
+    with pytest.raises(ConfigError, match=r"cache.hicache_ratio: a pool of"):
+        load_config(None, ["gpu.device_tokens=6400", "cache.hicache_ratio=1e9"])
+
+
+def _profile(tmp_path: Path, **provenance: str) -> Path:
+    from hicache.latency import PROFILE_DIR
+
+    data = json.loads((PROFILE_DIR / "h100-sxm-pcie5-x16-default.json").read_text())
+    data["provenance"] = {"source": "test", **provenance}
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("provenance", "problem"),
+    [
+        ({"measured_on": "cpu"}, "measured on CPU tensors"),
+        ({"machine_device": "cpu"}, "measured on CPU tensors"),  # written before measured_on
+        ({"measured_on": "h200"}, "measured on h200, not on h100-sxm"),
+        ({"measured_on": "cuda:NVIDIA L4"}, "measured on cuda:NVIDIA L4"),
+        ({"measured_on": "h100-sxm"}, None),
+        ({}, None),  # an estimate: nothing was measured anywhere
+    ],
+)
+def test_a_profile_measured_elsewhere_needs_the_flag(
+    tmp_path: Path, provenance: dict[str, str], problem: str | None
+) -> None:
+    from hicache.config import profile_mismatch
+
+    path = _profile(tmp_path, **provenance)
+    if problem is None:
+        assert profile_mismatch(load_config(None, [f"run.profile={path}"])) is None
+        return
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [f"run.profile={path}"])
+    assert problem in str(e.value) and "--allow-profile-mismatch" in str(e.value)
+    assert str(e.value).startswith(f"--set run.profile={path}: run.profile: ")
+    cfg = load_config(None, [f"run.profile={path}", "run.allow_profile_mismatch=true"])
+    assert problem in (profile_mismatch(cfg) or "")
+
+
+def test_an_unreadable_profile_is_left_to_the_loader(tmp_path: Path) -> None:
+    from hicache.config import profile_mismatch
+
+    bad = tmp_path / "bad.json"
+    bad.write_bytes(b"\xff\x00")
+    cfg = load_config(None, [f"run.profile={bad}"])  # reading it reports the problem later
+    assert profile_mismatch(cfg) is None

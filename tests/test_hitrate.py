@@ -132,7 +132,9 @@ def test_cli_grid_csv_json_plot(tmp_path: Path, capsys: pytest.CaptureFixture[st
     ("args", "message"),
     [
         (["--device-tokens", "1024", "--eviction", "random"], "unknown eviction policy"),
-        (["--device-tokens", "1000", "--page-size", "64"], "multiple of the page size"),
+        # a count that is not a page multiple is rounded down with a note; under one page is
+        # an error
+        (["--device-tokens", "10", "--page-size", "64"], "less than one page"),
         (["--device-tokens", "4096", "--host-tokens", "4096"], "must be larger than the device"),
         (["--device-tokens", "4096", "--write-policy", "later"], "unknown write policy"),
         (["--device-tokens", "4096", "--hicache-ratio", "0.5"], "must be larger than the device"),

@@ -272,7 +272,9 @@ def _parse_line(text: bytes, path: Path, lineno: int) -> object:
         try:
             return json.loads(s)  # leading whitespace is legal: let json.loads decide
         except ValueError as exc:
-            msg = getattr(exc, "msg", str(exc))
+            # json's messages may end in "at" ("Unterminated string starting at"): the column
+            # says where
+            msg = getattr(exc, "msg", str(exc)).removesuffix(" at")
             col = getattr(exc, "colno", None)
             where = f" at column {col}" if col is not None else ""
             raise TraceError(path, lineno, "line", f"not valid JSON ({msg}{where})") from None

@@ -15,6 +15,8 @@ key, wrong type, out-of-range value, unknown preset, a pool that cannot be sized
 :class:`ConfigError` naming ``section.key``, the allowed range or choices, and where the value
 came from (the TOML file or the ``--set`` item).
 
+Every key, its default and meaning: :mod:`hicache.config.keys` (``hicache-sim config keys``).
+
 Standard library only, plus the presets (``hicache.hardware``), the shipped profile names
 (``hicache.latency``) and the policy core's choice lists and host sizing (``hicache.policy``).
 """
@@ -28,6 +30,7 @@ from hicache.config.loading import (
 from hicache.config.sections import (
     CLOSED_LOOP_MODES,
     IO_BACKENDS,
+    MAX_POOL_PAGES,
     MEM_LAYOUTS,
     OUTPUT_MODES,
     SCHEDULE_POLICIES,
@@ -41,12 +44,14 @@ from hicache.config.sections import (
     SchedulerConfig,
     SimConfig,
     WorkloadConfig,
+    profile_mismatch,
     resolve_pools,
 )
 
 __all__ = [
     "CLOSED_LOOP_MODES",
     "IO_BACKENDS",
+    "MAX_POOL_PAGES",
     "MEM_LAYOUTS",
     "OUTPUT_MODES",
     "SCHEDULE_POLICIES",
@@ -63,6 +68,7 @@ __all__ = [
     "config_from_dict",
     "config_to_dict",
     "load_config",
+    "profile_mismatch",
     "resolve_pools",
     "with_overrides",
 ]

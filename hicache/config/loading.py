@@ -169,6 +169,9 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
             text = Path(path).read_text(encoding="utf-8")
         except OSError as e:
             raise ConfigError("", f"cannot read config: {e.strerror or e}", source) from None
+        except UnicodeDecodeError:
+            problem = "cannot read config: not a UTF-8 text (TOML) file"
+            raise ConfigError("", problem, source) from None
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:

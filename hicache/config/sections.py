@@ -4,13 +4,16 @@ whole-run :class:`SimConfig`, validation and pool sizing (loading: :mod:`.loadin
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 from hicache import hardware
 from hicache.latency import shipped_profile_path, shipped_profiles
 from hicache.policy import STRATEGIES, WRITE_POLICIES, host_pool_tokens
+from hicache.profile import machine_mismatch
 
 #: ``--hicache-io-backend`` values the simulator models (``kernel_ascend`` is NPU-only).
 IO_BACKENDS = ("kernel", "direct")
@@ -23,6 +26,10 @@ SCHEDULE_POLICIES = ("fcfs", "lpm")
 CLOSED_LOOP_MODES = ("auto", "on", "off")
 #: What ``cache_finished_req`` inserts: prompt + outputs, or the prompt only (as sim.hitrate).
 OUTPUT_MODES = ("cache", "skip")
+#: The most pages a pool may have: the policy core keeps a free list per pool (about 40 B a
+#: page), so a pool beyond this is a typo (1e12 tokens) rather than a study, and would exhaust
+#: memory instead of giving an error. A real pool at page size 1 is ~10^6 pages.
+MAX_POOL_PAGES = 1 << 26
 
 
 class ConfigError(ValueError):
@@ -64,6 +71,11 @@ def _at_least(where: str, value: float, lo: float) -> None:
 def _positive(where: str, value: float) -> None:
     if not value > 0:
         raise ConfigError(where, f"must be > 0, got {value:g}")
+
+
+def _between(where: str, value: float, lo: float, hi: float) -> None:
+    if not lo <= value <= hi:
+        raise ConfigError(where, f"must be in [{lo:g}, {hi:g}], got {value:g}")
 
 
 def _in_unit(where: str, value: float) -> None:
@@ -244,7 +256,8 @@ class WorkloadConfig:
 
     section: ClassVar[str] = "workload"
 
-    # the trace as recorded; arrival timestamps are divided by this (2.0 = twice the load)
+    # the trace as recorded; arrival timestamps are divided by this (2.0 = twice the load);
+    # within [1e-6, 1e6], so that scaled timestamps stay finite
     rate_scale: float = 1.0
     # 0 = every request in the trace
     max_requests: int = 0
@@ -254,7 +267,7 @@ class WorkloadConfig:
     outputs: str = "cache"
 
     def __post_init__(self) -> None:
-        _positive("workload.rate_scale", self.rate_scale)
+        _between("workload.rate_scale", self.rate_scale, 1e-6, 1e6)
         _at_least("workload.max_requests", self.max_requests, 0)
         _choice("workload.closed_loop", self.closed_loop, CLOSED_LOOP_MODES)
         _choice("workload.outputs", self.outputs, OUTPUT_MODES)
@@ -274,6 +287,10 @@ class RunConfig:
     timeline_max_rows: int = 20000
     # off: Chrome traces get large and are only needed when debugging a schedule
     chrome_trace: bool = False
+    # off: a run.profile measured on another machine (CPU tensors, another GPU; its provenance
+    # says) is refused for gpu.name, since its constants would be silently wrong; true uses it
+    # anyway, for a deliberate what-if (the CLI prints a warning)
+    allow_profile_mismatch: bool = False
 
     def __post_init__(self) -> None:
         _at_least("run.seed", self.seed, 0)
@@ -351,7 +368,32 @@ class SimConfig:
                 f"{self.link.name!r} (shipped: {', '.join(shipped_profiles())}); "
                 "set run.profile to a calibrated profile",
             )
+        problem = profile_mismatch(self)
+        if problem and not self.run.allow_profile_mismatch:
+            raise ConfigError(
+                "run.profile",
+                f"{self.run.profile}: {problem}; calibrate on the {self.gpu.name} (hicache-sim "
+                "replay bench + calibrate there), or use it anyway with "
+                "--allow-profile-mismatch (run.allow_profile_mismatch = true)",
+            )
         resolve_pools(self)
+
+
+def profile_mismatch(cfg: SimConfig) -> str | None:
+    """Why ``run.profile`` was not measured for ``gpu.name`` (measured on CPU tensors or on
+    another GPU, as its provenance records: :func:`hicache.profile.machine_mismatch`), or None
+    (no profile named, an estimate, the right GPU, or a file that cannot be read: loading it
+    reports that). ``SimConfig`` refuses a mismatch unless ``run.allow_profile_mismatch``."""
+    if not cfg.run.profile:
+        return None
+    try:
+        data = json.loads(Path(cfg.run.profile).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    prov = data.get("provenance") if isinstance(data, dict) else None
+    if not isinstance(prov, dict):
+        return None
+    return machine_mismatch(prov, cfg.gpu.name)
 
 
 # --- pools -----------------------------------------------------------------------------------
@@ -389,6 +431,7 @@ def resolve_pools(cfg: SimConfig) -> tuple[int, int, int]:
                 "gpu.device_tokens",
                 f"derived from HBM: {raw} tokens is less than one page ({page})",
             )
+    _max_pages("gpu.device_tokens", device, page)
     if not cfg.cache.enable_host:
         return device, 0, bpt
     by_size = cfg.cache.hicache_size_gb > 0
@@ -403,4 +446,14 @@ def resolve_pools(cfg: SimConfig) -> tuple[int, int, int]:
     except ValueError as e:
         where = "cache.hicache_size_gb" if by_size else "cache.hicache_ratio"
         raise ConfigError(where, str(e)) from None
+    _max_pages("cache.hicache_size_gb" if by_size else "cache.hicache_ratio", host, page)
     return device, host, bpt
+
+
+def _max_pages(where: str, tokens: int, page: int) -> None:
+    if tokens // page > MAX_POOL_PAGES:
+        raise ConfigError(
+            where,
+            f"a pool of {tokens // page:,} pages ({tokens:,} tokens) is more than the simulator "
+            f"holds ({MAX_POOL_PAGES:,} pages); use a larger cache.page_size or a smaller pool",
+        )

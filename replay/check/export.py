@@ -25,6 +25,7 @@ def export(out: Path, dest: Path) -> list[Path]:
         if (out / name).is_file():
             shutil.copyfile(out / name, dest / name)
             written.append(dest / name)
+
     def write(tmp: Path) -> None:
         with tarfile.open(tmp, "w:gz") as tar:
             tar.add(out, arcname=out.resolve().name or "device-check")

@@ -9,14 +9,22 @@ same job function; nothing home-made distributes work.
 On Linux the pool forks, so workers share what this process loaded before they started (the
 simulator, traces, a trace's replay requests); elsewhere fork is unsafe or missing and workers
 start fresh (spawn), except for jobs that need this process's state (then they run here).
+
+Ctrl-C: pool workers ignore SIGINT (they start with it ignored, and :func:`_ignore_sigint`
+keeps it so), so only this process sees the ``KeyboardInterrupt``; it stops the workers and
+lets the interrupt propagate to the one place that reports it (``cli.errors.run_command``:
+``hicache-sim: interrupted``, exit 130). No worker prints a traceback.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
+import signal
 import sys
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -45,6 +53,34 @@ def _start_method(needs_parent_state: bool) -> str | None:
     return "spawn"
 
 
+def _ignore_sigint() -> None:
+    """Pool worker initializer: Ctrl-C is the parent's to handle (module docstring)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """SIGINT ignored in this process while workers start, so they inherit "ignored" (a forked
+    worker would otherwise raise ``KeyboardInterrupt`` before its initializer runs, and a
+    spawned Python keeps an inherited SIG_IGN); restored after. Only the main thread may set
+    handlers: elsewhere this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _stop_workers(ex: Any) -> None:
+    """Terminate a process pool's workers (after Ctrl-C they would finish their task first)."""
+    for proc in list(getattr(ex, "_processes", {}).values()):
+        with contextlib.suppress(Exception):
+            proc.terminate()
+
+
 def run_local(
     fn: Callable[[T], R],
     tasks: Sequence[T],
@@ -63,9 +99,9 @@ def run_local(
     the tasks run here). ``before_fork`` runs just before a forking pool starts (e.g. to load
     what the workers will share). ``on_worker_error(index, exc)`` turns an exception from a
     pool worker (one that died, or ``fn`` raising there) into its result; without it, and
-    always in this process, the exception propagates. On any exception, including Ctrl-C
-    (which reaches the workers too: same process group), queued tasks are dropped and the
-    pool is shut down before it propagates.
+    always in this process, the exception propagates. On any exception queued tasks are
+    dropped and the pool is shut down before it propagates; on Ctrl-C (which the workers
+    ignore) the running ones are stopped too.
     """
     from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 
@@ -79,9 +115,10 @@ def run_local(
 
     if method == "fork" and before_fork is not None:
         before_fork()
-    ex = ProcessPoolExecutor(workers, mp_context=mp.get_context(method))
+    ex = ProcessPoolExecutor(workers, mp_context=mp.get_context(method), initializer=_ignore_sigint)
     try:
-        futures: dict[Future[R], int] = {ex.submit(fn, t): i for i, t in enumerate(tasks)}
+        with _sigint_ignored():  # every worker starts within the first submits
+            futures: dict[Future[R], int] = {ex.submit(fn, t): i for i, t in enumerate(tasks)}
         for fut in as_completed(futures):
             i = futures[fut]
             try:
@@ -91,7 +128,9 @@ def run_local(
                     raise
                 result = on_worker_error(i, e)
             on_result(i, result)
-    except BaseException:
+    except BaseException as e:
+        if isinstance(e, KeyboardInterrupt):
+            _stop_workers(ex)
         ex.shutdown(wait=True, cancel_futures=True)
         raise
     ex.shutdown(wait=True)

@@ -93,11 +93,15 @@ def test_calibrate_then_run_with_the_profile(
     prof2 = tmp_path / "with-replay.json"
     assert main(["calibrate", str(bench_dir), str(out), "--out", str(prof2)]) == 0
     assert int(load_profile(prof2, "h100-sxm", "pcie5-x16").provenance["replay_ops"]) > 0
-    # `hicache-sim run --profile` reads it: the engine's costs use the calibrated constants
-    from hicache.config import load_config
+    # `hicache-sim run --profile` reads it: the engine's costs use the calibrated constants,
+    # once allowed (a CPU-measured profile for a GPU preset is refused by default)
+    from hicache.config import ConfigError, load_config
     from sim.costs import build_costs
 
-    cfg = load_config(None, [f"run.profile={prof}"])
+    assert p.provenance["measured_on"] == "cpu"
+    with pytest.raises(ConfigError, match=r"measured on CPU tensors.*--allow-profile-mismatch"):
+        load_config(None, [f"run.profile={prof}"])
+    cfg = load_config(None, [f"run.profile={prof}", "run.allow_profile_mismatch=true"])
     costs = build_costs(cfg)
     link = p.link("kernel", "d2h")
     assert costs.op_time("write", 1 << 20, 1) == pytest.approx(
@@ -179,3 +183,72 @@ def test_register_adds_the_replay_command() -> None:
     args = parser.parse_args(["replay", "calibrate", "b", "r1", "r2", "--out", "p.json"])
     assert args.replay_step == "calibrate" and [str(p) for p in args.replay_dirs] == ["r1", "r2"]
     assert callable(args.func)
+
+
+def _big_trace(path: Path, n: int = 8, tokens: int = 200_000) -> Path:
+    """Requests far larger than a CPU replay's default device budget allows."""
+    lines = [
+        json.dumps({"timestamp": i, "input_length": tokens, "output_length": 8,
+                    "hash_ids": list(range(i * 400, i * 400 + -(-tokens // 512)))})
+        for i in range(n)
+    ]  # fmt: skip
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_default_budget_refuses_a_trace_that_cannot_fit(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The default budget is sized from the trace; when the machine's share cannot hold most
+    requests, the run is refused with what to do (not a near-zero hit rate)."""
+    trace = _big_trace(tmp_path / "big.jsonl")
+    out = tmp_path / "r"
+    assert main(["run", str(trace), "--device", "cpu", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "8 of 8 requests would not fit" in err
+    assert "--layers" in err and "--device-mem-gb" in err
+    assert not out.exists()
+
+
+def test_default_budget_grows_to_fit_the_trace(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dataclasses import replace
+
+    from hicache.config import load_config
+    from replay.run import fit_budgets, settings_from_config
+    from traces.io import read_trace
+
+    trace = read_trace(_big_trace(tmp_path / "big.jsonl", n=3, tokens=4000))
+    cfg = load_config(None, ["cache.page_size=16"])
+    settings = replace(
+        settings_from_config(cfg, num_layers=2, token_layer_bytes=1024),
+        device_budget_bytes=1 << 20,
+        host_budget_bytes=2 << 20,
+    )
+    dev, host, note = fit_budgets(trace, settings, 64 << 20, 128 << 20)
+    # 2 x (4000 + 8 + 16) tokens of 2 KiB, and the host keeps the config's 2:1 ratio
+    assert dev >= 2 * 4024 * 2048 and host >= 2 * dev
+    assert note is not None and "100% of its requests fit" in note
+    sized = replace(settings, device_budget_bytes=dev, host_budget_bytes=host).pools()
+    assert sized.device_tokens >= 4024
+
+
+def test_replay_refuses_a_profile_measured_on_another_machine(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hicache.latency import PROFILE_DIR
+
+    data = json.loads((PROFILE_DIR / "h100-sxm-pcie5-x16-default.json").read_text())
+    data["provenance"] = {"source": "test", "measured_on": "h100-sxm"}
+    prof = tmp_path / "gpu.json"
+    prof.write_text(json.dumps(data))
+    base = ["run", str(TRACE), "--device", "cpu", "--profile", str(prof), "--max-requests", "4",
+            "--layers", "2", "--token-layer-bytes", "1024", "--set", "cache.page_size=16",
+            "--device-mem-gb", "0.01", "--host-mem-gb", "0.02"]  # fmt: skip
+    assert main([*base, "--out", str(tmp_path / "a")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "measured on h100-sxm, not on cpu" in err
+    assert not (tmp_path / "a").exists()
+    assert main([*base, "--out", str(tmp_path / "b"), "--allow-profile-mismatch"]) == 0
+    assert "used anyway" in capsys.readouterr().err

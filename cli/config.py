@@ -1,0 +1,163 @@
+"""``hicache-sim config``: ``keys`` (every config key, its default and meaning) and ``sglang``
+(a resolved config as SGLang launch flags); and :func:`resolve_config`, how every command turns
+``--config``, ``--sglang-args`` and ``--set`` into one validated config.
+
+Precedence, lowest first: the defaults, the ``--config`` TOML file, ``--sglang-args`` (an SGLang
+launch command, :mod:`hicache.sglang_args`), then each ``--set`` in order (so ``--set`` wins).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from cli.errors import UserError
+
+__all__ = ["Resolved", "add_config_options", "register", "resolve_config"]
+
+SGLANG_ARGS_HELP = (
+    "an SGLang launch command's flags, quoted as one argument (e.g. \"--page-size 64 "
+    '--enable-hierarchical-cache --hicache-ratio 2"); every flag the simulator models sets '
+    "its config key, the others are listed as ignored; --set wins over it (a single flag: "
+    "--sglang-args=--enable-hierarchical-cache)"
+)
+
+
+def add_config_options(p: argparse.ArgumentParser, *, profile_flag: bool = False) -> None:
+    """``--config``, ``--sglang-args``, ``--set`` (and ``--allow-profile-mismatch``) on ``p``."""
+    p.add_argument(
+        "--config", type=Path, metavar="FILE",
+        help="TOML config file of [section] key = value (every key, its default and meaning: "
+        "hicache-sim config keys)",
+    )  # fmt: skip
+    p.add_argument("--sglang-args", metavar="'FLAGS'", help=SGLANG_ARGS_HELP)
+    p.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+        help="override one config key (repeatable), e.g. --set cache.write_policy=write_back; "
+        "keys: hicache-sim config keys",
+    )  # fmt: skip
+    if profile_flag:
+        p.add_argument(
+            "--allow-profile-mismatch", action="store_true",
+            help="use a --profile measured on another machine (CPU tensors, another GPU) "
+            "anyway, with a warning (run.allow_profile_mismatch = true)",
+        )  # fmt: skip
+
+
+@dataclass
+class Resolved:
+    """A resolved config and the notes to print once the command's inputs are all checked (a
+    command that fails prints its one error line and nothing else)."""
+
+    cfg: Any
+    notes: list[str]
+
+    def print_notes(self) -> None:
+        for line in self.notes:
+            print(line, file=sys.stderr)
+
+
+def resolve_config(args: argparse.Namespace, extra: Sequence[tuple[str, str]] = ()) -> Resolved:
+    """The validated :class:`hicache.config.SimConfig` of ``args.config``,
+    ``args.sglang_args`` and ``args.overrides``, then ``extra``: ``(section.key=value, the
+    option it came from)`` pairs, e.g. ``("run.seed=3", "--seed 3")``; with its notes (the
+    SGLang flags that were ignored, a profile used despite its machine). ``UserError`` (one
+    line naming the file, flag, option or ``--set`` item) otherwise."""
+    from hicache.config import ConfigError, load_config, profile_mismatch
+    from hicache.sglang_args import SglangArgs, parse_sglang_args
+
+    mapped = SglangArgs()
+    if getattr(args, "sglang_args", None):
+        try:
+            mapped = parse_sglang_args(args.sglang_args)
+        except ValueError as e:
+            raise UserError(f"--sglang-args: {e}") from None
+    given = dict(extra)
+    if getattr(args, "allow_profile_mismatch", False):
+        given["run.allow_profile_mismatch=true"] = "--allow-profile-mismatch"
+    shown = {
+        item: f"--sglang-args {mapped.origin[item.partition('=')[0]]}" for item in mapped.overrides
+    }
+    shown.update(given)
+    try:
+        cfg = load_config(args.config, [*mapped.overrides, *args.overrides, *given])
+    except ConfigError as e:
+        for item, where in shown.items():
+            if e.source == f"--set {item}":
+                raise UserError(str(ConfigError(e.field, e.problem, where))) from None
+        if e.source is None:  # a rule across keys: blame the item that set a key it names
+            for item in reversed([*mapped.overrides, *args.overrides, *given]):
+                key = item.partition("=")[0].strip()
+                short = key.rpartition(".")[2]
+                if key and re.search(rf"\b{re.escape(short)}\b", e.problem):
+                    where = shown.get(item, f"--set {item}")
+                    raise UserError(str(ConfigError(e.field, e.problem, where))) from None
+        raise UserError(str(e)) from None
+    notes = [f"note: --sglang-args: ignored {flag}: {why}" for flag, why in mapped.ignored]
+    notes += [f"note: --sglang-args: {text}" for text in mapped.notes]
+    problem = profile_mismatch(cfg)
+    if problem:  # allowed, or the config would have been refused
+        notes.append(
+            f"warning: {cfg.run.profile}: {problem}; used anyway (--allow-profile-mismatch): "
+            "absolute times are not this GPU's"
+        )
+    return Resolved(cfg, notes)
+
+
+# --- config keys / config sglang -------------------------------------------------------------
+
+
+def register(subparsers: Any) -> None:
+    """Add ``config`` (``keys``, ``sglang``) to ``hicache-sim``'s sub-parsers."""
+    p = subparsers.add_parser(
+        "config",
+        help="list the config keys, or print a config as SGLang launch flags",
+        description="Config files, --set and --sglang-args all set the same keys: `config "
+        "keys` lists them; `config sglang` prints a resolved config as SGLang flags.",
+    )
+    sub = p.add_subparsers(dest="config_command", metavar="COMMAND")
+    sub.required = True
+    k = sub.add_parser(
+        "keys",
+        help="every config key with its default and meaning",
+        description="Every config key (section.key), its default, type and meaning, and the "
+        "SGLang flag that sets it; from the config's own dataclasses.",
+    )
+    k.add_argument("--json", action="store_true", help="one JSON object per key, in a list")
+    k.set_defaults(func=_cmd_keys)
+    s = sub.add_parser(
+        "sglang",
+        help="a resolved config as SGLang launch flags",
+        description="Resolve --config, --sglang-args and --set as `run` does and print the "
+        "SGLang launch command it stands for, so a what-if can be pasted back.",
+    )
+    add_config_options(s)
+    s.set_defaults(func=_cmd_sglang)
+
+
+def _cmd_keys(args: argparse.Namespace) -> int:
+    from hicache.config.keys import format_keys, key_docs
+    from hicache.sglang_args import key_flags
+
+    flags = key_flags()
+    if args.json:
+        rows = [asdict(d) | {"sglang_flag": flags.get(d.dotted)} for d in key_docs()]
+        print(json.dumps(rows, indent=1))
+    else:
+        print(format_keys(flags))
+    return 0
+
+
+def _cmd_sglang(args: argparse.Namespace) -> int:
+    from hicache.sglang_args import format_sglang_command
+
+    resolved = resolve_config(args)
+    resolved.print_notes()
+    print(format_sglang_command(resolved.cfg))
+    return 0

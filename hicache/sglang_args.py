@@ -1,0 +1,393 @@
+"""SGLang's launch flags <-> the simulator's config.
+
+:func:`parse_sglang_args` reads the flags of an SGLang 0.5.x launch command (``python -m
+sglang.launch_server --model-path ... --page-size 64 --enable-hierarchical-cache ...``) and
+returns the ``section.key=value`` overrides they mean (:data:`FLAGS`: every flag the simulator
+models, with its config key and conversion), and every other flag with the reason it is
+ignored (:data:`IGNORED`; a flag in neither table is reported as unknown). :func:`sglang_flags`
+goes the other way: a resolved config as the flags to paste into a launch command.
+
+Flags absent from the command keep the simulator's defaults (``hicache-sim config keys``), except
+``--enable-hierarchical-cache``: a command without it runs SGLang's plain radix cache, so the
+host tier is turned off (and the parse result says so).
+
+Standard library only (plus the model presets of :mod:`hicache.hardware`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from hicache.hardware import MODELS
+
+__all__ = [
+    "FLAGS",
+    "IGNORED",
+    "MODEL_IDS",
+    "Flag",
+    "SglangArgs",
+    "flag_for_key",
+    "format_sglang_command",
+    "key_flags",
+    "model_preset",
+    "parse_sglang_args",
+    "sglang_flags",
+]
+
+
+# --- conversions: the SGLang value (text) -> the --set value (text) ---------------------------
+
+
+def _int(flag: str, text: str) -> str:
+    try:
+        return str(int(text))
+    except ValueError:
+        try:
+            x = float(text)
+        except ValueError:
+            x = math.nan
+        if math.isfinite(x) and x.is_integer():
+            return str(int(x))
+    raise ValueError(f"{flag}: expected an integer, got {text!r}")
+
+
+def _float(flag: str, text: str) -> str:
+    try:
+        x = float(text)
+    except ValueError:
+        x = math.nan
+    if not math.isfinite(x):
+        raise ValueError(f"{flag}: expected a number, got {text!r}")
+    return repr(x)
+
+
+def _text(flag: str, text: str) -> str:
+    if not text:
+        raise ValueError(f"{flag}: expected a value")
+    return text
+
+
+def _model(flag: str, text: str) -> str:
+    return model_preset(text, flag)
+
+
+@dataclass(frozen=True)
+class Flag:
+    """An SGLang flag the simulator models: its names, the config key it sets, and how its
+    value converts (``None``: a switch, which sets the key to ``true``)."""
+
+    names: tuple[str, ...]
+    key: str
+    convert: Callable[[str, str], str] | None
+    note: str = ""
+
+
+#: Every SGLang flag the simulator models -> its config key.
+FLAGS: tuple[Flag, ...] = (
+    Flag(("--model-path", "--model"), "model.name", _model,
+         "a Hugging Face id or local path, mapped to a model preset"),
+    Flag(("--tp-size", "--tp"), "model.tp", _int),
+    Flag(("--page-size",), "cache.page_size", _int),
+    Flag(("--enable-hierarchical-cache",), "cache.enable_host", None,
+         "absent: the host tier is off, as in SGLang"),
+    Flag(("--hicache-ratio",), "cache.hicache_ratio", _float),
+    Flag(("--hicache-size",), "cache.hicache_size_gb", _float,
+         "GB per rank; > 0 wins over the ratio"),
+    Flag(("--hicache-write-policy",), "cache.write_policy", _text),
+    Flag(("--hicache-io-backend",), "link.io_backend", _text),
+    Flag(("--hicache-mem-layout",), "link.mem_layout", _text),
+    Flag(("--radix-eviction-policy",), "cache.eviction", _text),
+    Flag(("--max-total-tokens",), "gpu.device_tokens", _int,
+         "the device pool exactly (rounded down to a page multiple, as SGLang does)"),
+    Flag(("--mem-fraction-static",), "gpu.mem_fraction", _float),
+    Flag(("--schedule-policy",), "scheduler.policy", _text),
+    Flag(("--schedule-conservativeness",), "scheduler.schedule_conservativeness", _float),
+    Flag(("--chunked-prefill-size",), "scheduler.chunked_prefill_size", _int),
+    Flag(("--max-prefill-tokens",), "scheduler.max_prefill_tokens", _int),
+    Flag(("--max-running-requests",), "scheduler.max_running_requests", _int),
+)  # fmt: skip
+
+_BY_NAME: dict[str, Flag] = {n: f for f in FLAGS for n in f.names}
+
+_STORAGE = "the storage tier (L3, --hicache-storage-backend) is not modelled yet"
+_NO_EFFECT = "no effect on what the simulator models (cache, copies, scheduling)"
+_COMPUTE = "compute times come from the latency profile, not from kernel settings"
+_SWITCHES = (
+    "--trust-remote-code", "--skip-tokenizer-init", "--enable-metrics", "--log-requests",
+    "--disable-cuda-graph", "--enable-torch-compile", "--enable-mixed-chunk",
+    "--enable-dp-attention", "--disable-radix-cache", "--disable-overlap-schedule",
+    "--enable-cache-report", "--disable-custom-all-reduce",
+)  # fmt: skip
+
+#: SGLang flags that are deliberately ignored -> why.
+IGNORED: dict[str, str] = {
+    "--hicache-storage-backend": _STORAGE,
+    "--hicache-storage-prefetch-policy": _STORAGE,
+    "--hicache-storage-backend-extra-config": _STORAGE,
+    "--hicache-storage-backend-prefetch-threshold": _STORAGE,
+    "--disable-radix-cache": "not modelled: the simulator always runs the radix cache",
+    "--kv-cache-dtype": "KV bytes per token come from the model preset (bf16 KV)",
+    "--dtype": "weights and KV dtypes come from the model preset",
+    "--quantization": "weights and KV dtypes come from the model preset",
+    "--dp-size": "one data-parallel replica is simulated",
+    "--dp": "one data-parallel replica is simulated",
+    "--enable-dp-attention": "one data-parallel replica is simulated",
+    "--ep-size": "expert parallelism is not modelled",
+    "--pp-size": "pipeline parallelism is not modelled",
+    "--random-seed": "a sampling seed: the simulator does not sample (run.seed is its own)",
+    "--context-length": "request lengths come from the trace",
+    "--attention-backend": _COMPUTE,
+    "--sampling-backend": _COMPUTE,
+    "--cuda-graph-max-bs": _COMPUTE,
+    "--disable-cuda-graph": _COMPUTE,
+    "--enable-torch-compile": _COMPUTE,
+    "--enable-mixed-chunk": _COMPUTE,
+    "--disable-overlap-schedule": "the overlap scheduler's CPU/GPU overlap is not modelled",
+    "--disable-custom-all-reduce": _COMPUTE,
+    "--host": _NO_EFFECT,
+    "--port": _NO_EFFECT,
+    "--api-key": _NO_EFFECT,
+    "--log-level": _NO_EFFECT,
+    "--log-requests": _NO_EFFECT,
+    "--enable-metrics": _NO_EFFECT,
+    "--enable-cache-report": _NO_EFFECT,
+    "--served-model-name": _NO_EFFECT,
+    "--tokenizer-path": _NO_EFFECT,
+    "--trust-remote-code": _NO_EFFECT,
+    "--skip-tokenizer-init": _NO_EFFECT,
+    "--chat-template": _NO_EFFECT,
+}
+
+#: Model preset -> the Hugging Face id :func:`sglang_flags` prints for it.
+MODEL_IDS: dict[str, str] = {
+    "llama-3-8b": "meta-llama/Meta-Llama-3-8B-Instruct",
+    "llama-3-70b": "meta-llama/Meta-Llama-3-70B-Instruct",
+    "qwen3-8b": "Qwen/Qwen3-8B",
+    "qwen3-32b": "Qwen/Qwen3-32B",
+    "qwen3-235b-a22b": "Qwen/Qwen3-235B-A22B",
+    "deepseek-v3": "deepseek-ai/DeepSeek-V3",
+}
+
+# (pattern on the normalised last path component, preset); first match wins. Llama 3.1/3.3
+# and DeepSeek-R1 have the shapes of Llama 3 and DeepSeek-V3.
+_MODEL_PATTERNS = (
+    (r"^llama-?3(\.\d+)?-8b", "llama-3-8b"),
+    (r"^llama-?3(\.\d+)?-70b", "llama-3-70b"),
+    (r"^qwen3-235b-a22b", "qwen3-235b-a22b"),
+    (r"^qwen3-32b", "qwen3-32b"),
+    (r"^qwen3-8b", "qwen3-8b"),
+    (r"^deepseek-(v3|r1)", "deepseek-v3"),
+)
+
+
+def model_preset(path: str, flag: str = "--model-path") -> str:
+    """The ``hicache.hardware`` model preset of a Hugging Face id or local path
+    (``meta-llama/Meta-Llama-3-8B-Instruct`` -> ``llama-3-8b``); ``ValueError`` listing the
+    presets when there is none."""
+    if path in MODELS:
+        return path
+    name = path.rstrip("/").rsplit("/", 1)[-1].lower().replace("_", "-")
+    name = name.removeprefix("meta-")
+    for pattern, preset in _MODEL_PATTERNS:
+        if re.search(pattern, name) and preset in MODELS:
+            return preset
+    raise ValueError(
+        f"{flag}: {path!r} is not a model the simulator has a preset for; presets: "
+        f"{', '.join(MODELS)} (set one with --set model.name=NAME)"
+    )
+
+
+@dataclass
+class SglangArgs:
+    """What :func:`parse_sglang_args` made of a launch command."""
+
+    overrides: list[str] = field(default_factory=list)
+    """``section.key=value`` items, in command order (the last of a repeated flag wins)."""
+    origin: dict[str, str] = field(default_factory=dict)
+    """config key -> the flag (with its value) that set it, for error messages."""
+    ignored: list[tuple[str, str]] = field(default_factory=list)
+    """(flag as given, why it is ignored)."""
+    notes: list[str] = field(default_factory=list)
+
+
+def _tokens(args: str | Sequence[str]) -> list[str]:
+    if isinstance(args, str):
+        try:
+            return shlex.split(args)
+        except ValueError as e:  # an unclosed quote
+            raise ValueError(f"cannot split the arguments: {e}") from None
+    return list(args)
+
+
+def _skip_launcher(tokens: list[str]) -> tuple[list[str], list[str]]:
+    """Drop ``python -m sglang.launch_server`` (or any words before the first flag)."""
+    for i, tok in enumerate(tokens):
+        if tok.startswith("--"):
+            return tokens[:i], tokens[i:]
+    return tokens, []
+
+
+def parse_sglang_args(args: str | Sequence[str], page_size: int | None = None) -> SglangArgs:
+    """The config overrides an SGLang launch command means (see the module docstring).
+
+    ``args``: the flags as one string (split like a shell) or as a list; a leading launcher
+    (``python -m sglang.launch_server``) is skipped. ``--max-total-tokens`` is rounded down to
+    a multiple of the command's ``--page-size`` (else ``page_size``, else 64). ``ValueError``
+    (one line, naming the flag) for a value that cannot be converted or a model without a
+    preset; ranges are checked when the overrides are loaded (``hicache.config``).
+    """
+    out = SglangArgs()
+    launcher, tokens = _skip_launcher(_tokens(args))
+    if launcher:
+        out.ignored.append((" ".join(launcher), "the launcher, not a flag"))
+    values: dict[str, tuple[str, str]] = {}  # key -> (value, flag text)
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        i += 1
+        if not tok.startswith("--"):
+            out.ignored.append((tok, "not a flag (a value without one?)"))
+            continue
+        name, eq, inline = tok.partition("=")
+        flag = _BY_NAME.get(name)
+        switch = (flag is not None and flag.convert is None) or name in _SWITCHES
+        value: str | None = inline if eq else None
+        if value is None and not switch and i < len(tokens) and not tokens[i].startswith("--"):
+            value = tokens[i]
+            i += 1
+        shown = name if value is None else f"{name} {value}"
+        if flag is None:
+            out.ignored.append((shown, IGNORED.get(name, "unknown to hicache-sim")))
+            continue
+        if flag.convert is None:
+            if value is not None and value.lower() not in ("true", "1"):
+                raise ValueError(f"{name}: a switch takes no value, got {value!r}")
+            values[flag.key] = ("true", name)
+            continue
+        if value is None:
+            raise ValueError(f"{name}: expected a value")
+        values[flag.key] = (flag.convert(name, value), shown)
+    if "cache.enable_host" not in values:
+        values["cache.enable_host"] = ("false", "(no --enable-hierarchical-cache)")
+        out.notes.append(
+            "no --enable-hierarchical-cache: the host tier is off (cache.enable_host=false), "
+            "as in SGLang"
+        )
+    if "gpu.device_tokens" in values:
+        text, shown = values["gpu.device_tokens"]
+        page = int(values["cache.page_size"][0]) if "cache.page_size" in values else page_size
+        page = page if page and page > 0 else 64
+        tokens_ = int(text)
+        if tokens_ < page:  # 0 would mean "derive from HBM": not what the flag says
+            raise ValueError(f"{shown}: less than one page ({page} tokens)")
+        if tokens_ % page:
+            rounded = tokens_ // page * page
+            out.notes.append(
+                f"--max-total-tokens {tokens_} rounded down to {rounded} (a multiple of the page "
+                f"size {page}), as SGLang does"
+            )
+            values["gpu.device_tokens"] = (str(rounded), shown)
+    if "cache.page_size" not in values:
+        out.notes.append(
+            "no --page-size: SGLang would use 1; the simulator keeps cache.page_size (64 "
+            "unless set)"
+        )
+    for key, (text, shown) in values.items():
+        out.overrides.append(f"{key}={text}")
+        out.origin[key] = shown
+    return out
+
+
+# --- config -> flags -------------------------------------------------------------------------
+
+
+def _num(x: float) -> str:
+    return f"{x:g}" if float(x).is_integer() else repr(x)
+
+
+#: scheduler keys SGLang reads from environment variables (name, config key).
+_ENV = (
+    ("SGLANG_INIT_NEW_TOKEN_RATIO", "init_new_token_ratio"),
+    ("SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR", "min_new_token_ratio_factor"),
+    ("SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS", "new_token_ratio_decay_steps"),
+    ("SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION", "clip_max_new_tokens"),
+    ("SGLANG_RETRACT_DECODE_STEPS", "retract_decode_steps"),
+)
+
+
+def sglang_flags(cfg: Any) -> tuple[list[str], list[str], list[str]]:
+    """A resolved ``hicache.config.SimConfig`` as ``(flags, env, comments)``: the SGLang
+    launch flags it stands for, the ``NAME=value`` environment settings of scheduler knobs
+    that differ from SGLang's defaults, and notes on what is not a flag (hardware, a derived
+    device pool, hard-coded constants)."""
+    from hicache.config import SchedulerConfig
+
+    m, c, s, g, lk = cfg.model, cfg.cache, cfg.scheduler, cfg.gpu, cfg.link
+    flags = ["--model-path", MODEL_IDS.get(m.name, m.name), "--tp-size", str(m.tp)]
+    flags += ["--page-size", str(c.page_size), "--mem-fraction-static", _num(g.mem_fraction)]
+    comments = [f"hardware: {g.name} over {lk.name} (not a flag)"]
+    if g.device_tokens:
+        flags += ["--max-total-tokens", str(g.device_tokens)]
+    else:
+        from hicache.config import resolve_pools
+
+        device, _, _ = resolve_pools(cfg)
+        comments.append(
+            f"device pool derived from HBM: {device:,} tokens (an estimate; SGLang sizes its "
+            f"own, add --max-total-tokens {device} to pin it)"
+        )
+    if c.enable_host:
+        flags += ["--enable-hierarchical-cache", "--hicache-ratio", _num(c.hicache_ratio)]
+        if c.hicache_size_gb > 0:
+            flags += ["--hicache-size", _num(c.hicache_size_gb)]
+        flags += [
+            "--hicache-write-policy", c.write_policy,
+            "--hicache-io-backend", lk.io_backend,
+            "--hicache-mem-layout", lk.mem_layout,
+        ]  # fmt: skip
+    flags += ["--radix-eviction-policy", c.eviction, "--schedule-policy", s.policy]
+    flags += ["--chunked-prefill-size", str(s.chunked_prefill_size)]
+    flags += ["--max-prefill-tokens", str(s.max_prefill_tokens)]
+    if s.max_running_requests:
+        flags += ["--max-running-requests", str(s.max_running_requests)]
+    if s.schedule_conservativeness != 1.0:
+        flags += ["--schedule-conservativeness", _num(s.schedule_conservativeness)]
+    default = SchedulerConfig()
+    env = [
+        f"{name}={_num(getattr(s, key))}"
+        for name, key in _ENV
+        if getattr(s, key) != getattr(default, key)
+    ]
+    if c.load_back_threshold != 10:
+        comments.append(
+            f"cache.load_back_threshold={c.load_back_threshold} is hard-coded (10) in SGLang "
+            "0.5.14: no flag"
+        )
+    return flags, env, comments
+
+
+def format_sglang_command(cfg: Any, prefix: str = "python -m sglang.launch_server") -> str:
+    """:func:`sglang_flags` as one pasteable line (environment settings first), followed by
+    its notes as ``#`` comment lines."""
+    flags, env, comments = sglang_flags(cfg)
+    line = " ".join([*env, prefix, *(shlex.quote(f) for f in flags)])
+    return "\n".join([line, *(f"# {c}" for c in comments)])
+
+
+def flag_for_key(key: str) -> str | None:
+    """The SGLang flag that sets config key ``key`` (``cache.hicache_ratio`` ->
+    ``--hicache-ratio``), or None."""
+    for f in FLAGS:
+        if f.key == key:
+            return f.names[0]
+    return None
+
+
+def key_flags() -> Mapping[str, str]:
+    """Config key -> the SGLang flag that sets it."""
+    return {f.key: f.names[0] for f in FLAGS}
