@@ -368,19 +368,39 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _duration(seconds: float) -> str:
+    """A latency in the unit a reader takes in: ms below 1 s, s below 10 min, then min or h."""
+    if seconds != seconds:  # NaN: no request had one
+        return "n/a"
+    if seconds < 1.0:
+        return f"{seconds * 1e3:.1f} ms"
+    if seconds < 600.0:
+        return f"{seconds:.2f} s"
+    if seconds < 7200.0:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
 def format_summary(s: dict[str, Any]) -> str:
-    return (
+    ttft = "  ".join(
+        f"{name} {_duration(s[key])}"
+        for name, key in (("mean", "ttft_mean_s"), ("p50", "ttft_p50_s"), ("p90", "ttft_p90_s"),
+                          ("p99", "ttft_p99_s"))
+    )  # fmt: skip
+    lines = [
         f"requests {s['requests']:,} ({s['rejected_requests']} rejected)  "
-        f"simulated {s['sim_duration_s']:.1f} s in {s['wall_time_s']:.1f} s\n"
+        f"simulated {s['sim_duration_s']:.1f} s in {s['wall_time_s']:.1f} s",
         f"hit rate {s['hit_rate']:.2%} (device {s['device_hit_rate']:.2%}, host "
-        f"{s['host_hit_rate']:.2%})\n"
-        f"TTFT mean {s['ttft_mean_s'] * 1e3:.1f} ms  p50 {s['ttft_p50_s'] * 1e3:.1f}  "
-        f"p90 {s['ttft_p90_s'] * 1e3:.1f}  p99 {s['ttft_p99_s'] * 1e3:.1f} ms\n"
-        f"TPOT mean {s['tpot_mean_s'] * 1e3:.2f} ms  E2E mean {s['e2e_mean_s']:.2f} s  "
-        f"output {s['throughput_output_tok_s']:.0f} tok/s\n"
+        f"{s['host_hit_rate']:.2%})",
+        f"TTFT {ttft}",
+        f"TPOT mean {_duration(s['tpot_mean_s'])}  E2E mean {_duration(s['e2e_mean_s'])}  "
+        f"output {s['throughput_output_tok_s']:.0f} tok/s",
         f"PCIe D2H {s['bytes_d2h'] / 1e9:.1f} GB  H2D {s['bytes_h2d'] / 1e9:.1f} GB  "
-        f"retractions {s['retractions']}"
-    )
+        f"retractions {s['retractions']}",
+    ]
+    if s.get("overloaded"):
+        lines.append(f"WARNING: {s['overload_message']}")
+    return "\n".join(lines)
 
 
 # --- demo ------------------------------------------------------------------------------------

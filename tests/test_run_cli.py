@@ -130,3 +130,22 @@ def test_closed_loop_turns_follow_their_previous_turn(tmp_path: Path) -> None:
             assert req.loc[cur, "arrival_s"] == pytest.approx(req.loc[prev, "finish_s"] + think)
             checked += 1
     assert checked > 10
+
+
+def test_summary_prints_long_times_in_minutes_and_warns_on_overload() -> None:
+    from cli.run import format_summary
+
+    s = {
+        "requests": 3000, "rejected_requests": 0, "sim_duration_s": 2981.1, "wall_time_s": 1.6,
+        "hit_rate": 0.05, "device_hit_rate": 0.04, "host_hit_rate": 0.01,
+        "ttft_mean_s": 1026.0, "ttft_p50_s": 0.0421, "ttft_p90_s": 12.5, "ttft_p99_s": 9000.0,
+        "tpot_mean_s": 0.1003, "e2e_mean_s": float("nan"), "throughput_output_tok_s": 352.0,
+        "bytes_d2h": 5.2e12, "bytes_h2d": 2.2e10, "retractions": 6,
+        "overloaded": True, "overload_message": "overloaded: requests arrive at 3.04/s ...",
+    }  # fmt: skip
+    text = format_summary(s)
+    assert "TTFT mean 17.1 min  p50 42.1 ms  p90 12.50 s  p99 2.5 h" in text
+    assert "TPOT mean 100.3 ms  E2E mean n/a" in text
+    assert text.splitlines()[-1] == "WARNING: overloaded: requests arrive at 3.04/s ..."
+    s["overloaded"] = False
+    assert "WARNING" not in format_summary(s)
