@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import time
 from collections.abc import Generator
 from dataclasses import asdict
@@ -282,7 +283,8 @@ def run_simulation(
             "config": config_to_dict(cfg),
             "device_tokens": device_tokens,
             "host_tokens": host_tokens if cfg.cache.enable_host else 0,
-            "trace": str(trace.path or ""),
+            # relative to the run folder: no machine path in results that travel (plus checksum)
+            "trace": os.path.relpath(trace.path, out_dir) if trace.path else "",
             "trace_sha256": trace_checksum(Path(trace.path)) if trace.path else None,
             "closed_loop": closed_loop,
         }  # fmt: skip

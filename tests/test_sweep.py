@@ -137,12 +137,20 @@ def test_ray_executor_gives_the_local_results(
             pytest.skip(f"a local Ray runtime cannot start here: {e}")
         raise
     pd.testing.assert_frame_equal(comparable(df), comparable(reference))
-    # the run directories are the same files, whichever executor wrote them
+    # the run directories are the same files, whichever executor wrote them (config.json
+    # names the trace relative to its own folder: the same file, resolved)
     for rel in reference["run_dir"]:
-        for name in RUN_FILES - {"summary.json"}:
+        for name in RUN_FILES - {"summary.json", "config.json"}:
             assert (tmp_path / "ray" / rel / name).read_bytes() == (
                 out_local / rel / name
             ).read_bytes()
+        confs = []
+        for run in (tmp_path / "ray" / rel, out_local / rel):
+            conf = json.loads((run / "config.json").read_text())
+            conf["trace"] = str((run / conf["trace"]).resolve())
+            confs.append(conf)
+        assert confs[0] == confs[1]
+        assert confs[0]["trace"] == str(MULTITURN.resolve())
 
 
 # --- failures --------------------------------------------------------------------------------

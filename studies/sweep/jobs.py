@@ -352,6 +352,10 @@ def commit(runs: Path, spec: JobSpec, files: Mapping[str, bytes]) -> None:
     (replacing what was there, e.g. an earlier failure of the same job). On any failure the
     hidden directory is removed and what was there before stays."""
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{spec.name[:40]}-", dir=runs))
+    if "config.json" in files:  # the trace relative to the job folder (no machine paths)
+        conf = json.loads(files["config.json"])
+        conf["trace"] = os.path.relpath(spec.trace_path, runs / spec.name)
+        files = {**files, "config.json": json_bytes(conf)}
     try:
         tmp.chmod(0o755)  # mkdtemp's 0o700 would make run directories private to this user
         for name, data in files.items():
