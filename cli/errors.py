@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 PROG = "hicache-sim"
 #: Exit code of a user error.
@@ -107,3 +107,16 @@ __all__ = [
     "value_and_os_errors",
     "value_errors",
 ]
+
+
+def run_one_command(
+    name: str, register: Callable[[Any], object], argv: Sequence[str] | None
+) -> int:
+    """``python -m cli.<name> ...``: the one command ``name`` on its own (its ``register``
+    adds it to a parser), through the same parsing and error rule as ``hicache-sim``."""
+    parser = Parser(prog="hicache-sim")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    register(sub)
+    args = parse_args(parser, [name, *(sys.argv[1:] if argv is None else argv)])
+    return args if isinstance(args, int) else run_command(args)

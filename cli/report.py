@@ -48,14 +48,9 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m cli.report DIR... --out FILE``: the ``report`` command on its own."""
-    from cli.errors import Parser, parse_args, run_command
+    from cli.errors import run_one_command
 
-    parser = Parser(prog="hicache-sim")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.required = True
-    register(sub)
-    args = parse_args(parser, ["report", *(sys.argv[1:] if argv is None else argv)])
-    return args if isinstance(args, int) else run_command(args)
+    return run_one_command("report", register, argv)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cli.args import check_output_dir, jobs_arg
-from cli.errors import Parser, UserError, parse_args, run_command, value_and_os_errors
+from cli.errors import UserError, value_and_os_errors
 from studies.sweep import EXECUTORS, run_sweep
 
 if TYPE_CHECKING:
@@ -113,12 +113,9 @@ def format_results(df: pd.DataFrame, seconds: float, out: Path) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m cli.sweep GRID --out DIR ...``: the ``sweep`` command on its own."""
-    parser = Parser(prog="hicache-sim")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.required = True
-    register(sub)
-    args = parse_args(parser, ["sweep", *(sys.argv[1:] if argv is None else argv)])
-    return args if isinstance(args, int) else run_command(args)
+    from cli.errors import run_one_command
+
+    return run_one_command("sweep", register, argv)
 
 
 if __name__ == "__main__":
