@@ -3,7 +3,7 @@
 =============  ==========================================================
 ``run``        timed simulation of one config (:mod:`cli.run`)
 ``hitrate``    cache-only hit-rate grid (:mod:`cli.run`)
-``demo``       the demo job (:mod:`cli.run`)
+``demo``       the demo job (:mod:`cli.demo`)
 ``sweep``      a grid of timed runs (:mod:`cli.sweep`)
 ``report``     HTML/PDF report of runs and sweeps (:mod:`cli.report`)
 ``trace``      inspect, convert, generate, validate traces (:mod:`cli.traces`)
@@ -31,7 +31,7 @@ __all__ = ["EXIT_USER_ERROR", "UserError", "build_parser", "main"]
 def build_parser() -> argparse.ArgumentParser:
     """The whole ``hicache-sim`` parser; each parsed command has ``func`` (and may have
     ``user_errors`` / ``error_prefix``, see :func:`cli.errors.run_command`)."""
-    from cli import config, replay, report, run, sweep, traces
+    from cli import config, demo, replay, report, run, sweep, traces
     from hicache import __version__
 
     parser = Parser(
@@ -42,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     run.register(sub)
+    demo.register(sub)
     sweep.register(sub)
     report.register(sub)
     traces.register(sub)
