@@ -117,11 +117,9 @@ def test_paged_requests_from_a_tiny_trace(tmp_path: Path) -> None:
     assert [r.think_time_s for r in reqs] == pytest.approx([0.0, 0.4, 0.0])
     assert [(r.session, r.turn) for r in reqs] == [("s", 0), ("s", 1), (None, None)]
     assert [(r.input_length, r.output_length) for r in reqs] == [(40, 3), (20, 1), (16, 2)]
-    # one symbol per full page: 40 // 8 = 5, 20 // 8 = 2, 16 // 8 = 2; the first block (2
-    # pages) is shared by the first two requests
-    assert [len(r.symbols) for r in reqs] == [5, 2, 2]
-    assert reqs[0].symbols[:2] == reqs[1].symbols and reqs[0].symbols[2] != reqs[1].symbols[1]
-    assert len(set(reqs[0].symbols)) == 5 and not set(reqs[2].symbols) & set(reqs[0].symbols)
+    # one symbol per full page (40 // 8 = 5, 20 // 8 = 2, 16 // 8 = 2): page j of block hash
+    # h is h * (16 // 8) + j, so the first block (hash 1: pages 2, 3) is shared
+    assert [list(r.symbols) for r in reqs] == [[2, 3, 4, 5, 6], [2, 3], [18, 19]]
     assert [r.rid for r in paged_requests(read_trace(path), 8, limit=2)] == [0, 1]
     # rate_scale 1 by default
     assert [r.arrival_s for r in paged_requests(read_trace(path), 8)] == [0.0, 0.5, 2.0]

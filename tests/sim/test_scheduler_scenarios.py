@@ -709,7 +709,8 @@ def test_a_one_token_extend_is_admitted() -> None:
 def test_a_truncated_request_ends_the_batch() -> None:
     # page 16, chunk 100. S (96 tokens) cached. A (250 tokens) is truncated to 96, leaving 4
     # tokens of chunk budget; B = S + 3 tokens would need only 3, but a truncation ends the
-    # batch (what SGLang does when it rounds B's extend up to a page, 16 > 4)
+    # batch (the batch SGLang forms too: it rounds B's extend up to a page, 16 > 4, and
+    # cannot truncate it to 4 // 16 * 16 = 0 tokens)
     e = eng(10_000, ps=16, chunked_prefill_size=100)
     prefill_all(e, req(9, 0, 96, 1))
     a = req(0, 0, 250, 1)
@@ -849,3 +850,16 @@ def test_decode_segment_budget_with_two_requests(budget_u: int, k: int) -> None:
     cumulative = {2: 49, 3: 75}[k]
     assert (kind, bs) == ("decode", 2)
     assert (start, end) == (16 * u, (16 + cumulative) * u)  # exact
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="sim/scheduler.py _add_waiting compares the raw extend with rem_input; POLICY_CORE.md "
+    "6.2 step 3 (PrefillAdder) compares the page-rounded (extend - host hit)",
+)
+def test_the_prefill_budget_check_rounds_the_extend_up_to_a_page() -> None:
+    # page 16, chunking off, max_prefill_tokens 100. A (64 tokens) leaves 36; B (34 tokens)
+    # rounds up to 48 tokens (3 pages) >= 36 -> OTHER: the batch is A alone
+    e = eng(10_000, ps=16, chunked_prefill_size=-1, max_prefill_tokens=100)
+    a, b = req(0, 0, 64, 1), req(1, 0, 34, 1)
+    assert admit(e, a, b) == [(a, 64, 0)]
