@@ -9,36 +9,18 @@ from typing import Any
 
 import pytest
 
-from hicache.latency import LinkParams
 from hicache.lifecycle import PagedRequest
 from hicache.policy import PageKey
-from sim.costs import Costs, count_runs
+from sim.costs import count_runs
 from sim.engine import Engine
 from sim.hitrate import HitRateConfig, replay
 from sim.metrics import RequestRow
 from sim.scheduler import SchedulerParams, SimReq
+from tests.sim.harness import costs, engine
 from traces.io import read_trace
 from traces.keys import page_symbols
 
 DATA = Path(__file__).resolve().parent.parent / "traces" / "data"
-
-
-def costs(
-    prefill_per_token: float = 1e-4,
-    decode_step: float = 0.01,
-    write_s_per_page: float = 1e-3,
-    load_s_per_page: float = 1e-3,
-    layers: int = 4,
-) -> Costs:
-    # pages of 1,000 bytes: a bandwidth of 1,000 / s_per_page bytes/s, no fixed or per-run cost
-    return Costs(
-        num_layers=layers,
-        bytes_per_page=1000,
-        d2h=LinkParams(alpha_s=0.0, beta_Bps=1000 / write_s_per_page),
-        h2d=LinkParams(alpha_s=0.0, beta_Bps=1000 / load_s_per_page),
-        prefill_fn=lambda reqs: prefill_per_token * sum(n for n, _ in reqs),
-        decode_fn=lambda bs, kv: decode_step,
-    )
 
 
 def SR(rid: int, arrival: float, prompt: int, outputs: int, symbols: PageKey) -> SimReq:
@@ -63,17 +45,6 @@ def by_rid(e: Engine) -> dict[int, RequestRow]:
 
 def ttft(row: RequestRow) -> float:
     return row.first_token_s - row.arrival_s
-
-
-def engine(reqs: list[SimReq], **kw: Any) -> Engine:
-    ps = kw.pop("page_size", 16)
-    args: dict[str, Any] = dict(
-        device_tokens=16384, host_tokens=65536, page_size=ps, write_policy="write_through",
-        eviction="lru", costs=costs(), sched=SchedulerParams(page_size=ps), closed_loop=False,
-        progress=False,
-    )  # fmt: skip
-    args.update(kw)
-    return Engine(reqs, **args)
 
 
 def hit_rates(e: Engine) -> tuple[int, int, int]:
