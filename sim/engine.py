@@ -240,6 +240,17 @@ def trace_checksum(path: Path) -> str:
     return h.hexdigest()
 
 
+def resolve_closed_loop(mode: str, trace: Trace, n_used: int) -> bool:
+    """Whether arrivals run in closed loop: ``on``/``off`` as given; ``auto`` is closed loop
+    exactly when the requests the run uses record a think time (traces/README.md: turn k
+    arrives ``think_time_ms`` after turn k-1 finishes). A session id alone does not make a
+    trace closed-loop: a generator run with ``--no-closed-loop`` keeps session ids but drops the
+    think times, and its timestamps are the arrival process to replay."""
+    if mode != "auto":
+        return mode in (True, "true", "on")
+    return any(r.think_time_ms is not None for r in trace.requests[:n_used])
+
+
 def run_simulation(
     cfg: SimConfig, trace: Trace, out_dir: Path | None = None, progress: bool | None = None
 ) -> dict[str, Any]:
@@ -254,9 +265,7 @@ def run_simulation(
         trace, ps, rate_scale=cfg.workload.rate_scale, limit=cfg.workload.max_requests
     )
     reqs = [SimReq(r) for r in paged]
-    has_sessions = any(r.session is not None for r in paged)
-    closed = cfg.workload.closed_loop
-    closed_loop = has_sessions if closed == "auto" else closed in (True, "true", "on")
+    closed_loop = resolve_closed_loop(cfg.workload.closed_loop, trace, len(paged))
     sp = cfg.scheduler
     engine = Engine(
         reqs,

@@ -132,6 +132,37 @@ def test_closed_loop_turns_follow_their_previous_turn(tmp_path: Path) -> None:
     assert checked > 10
 
 
+def test_closed_loop_auto_follows_think_times_not_session_ids(tmp_path: Path) -> None:
+    """Issue 13 item 6: a multiturn trace generated without think times keeps its session ids,
+    and ``auto`` must replay its timestamps (open loop); the same trace with think times runs
+    closed loop."""
+    from sim.engine import resolve_closed_loop, run_simulation
+    from traces.generate import multiturn
+
+    kw = dict(clients=8, rounds=3, request_length=256, output_length=16, request_rate=4.0)
+    open_trace = multiturn(closed_loop=False, **kw)  # type: ignore[arg-type]
+    closed_trace = multiturn(closed_loop=True, **kw)  # type: ignore[arg-type]
+    assert all(r.session_id is not None for r in open_trace)
+    assert all(r.think_time_ms is None for r in open_trace)
+    n = len(open_trace)
+    assert resolve_closed_loop("auto", open_trace, n) is False
+    assert resolve_closed_loop("auto", closed_trace, n) is True
+    assert resolve_closed_loop("on", open_trace, n) is True
+    assert resolve_closed_loop("off", closed_trace, n) is False
+    # only the requests the run uses count: turn 0 of every session carries no think time
+    first_turns = sum(1 for r in closed_trace if r.think_time_ms is None)
+    ordered = sorted(closed_trace.requests, key=lambda r: r.think_time_ms is not None)
+    closed_trace.requests[:] = ordered
+    assert resolve_closed_loop("auto", closed_trace, first_turns) is False
+    cfg = load_config(None, ["gpu.device_tokens=65536"])
+    run_simulation(cfg, open_trace, tmp_path / "open", progress=False)
+    conf = json.loads((tmp_path / "open" / "config.json").read_text())
+    assert conf["closed_loop"] is False
+    req = pd.read_parquet(tmp_path / "open" / "requests.parquet").sort_values("rid")
+    stamps = [r.timestamp / 1000 for r in open_trace]
+    assert list(req["arrival_s"]) == pytest.approx([t - stamps[0] for t in stamps])
+
+
 def test_summary_prints_long_times_in_minutes_and_warns_on_overload() -> None:
     from cli.run import format_summary
 

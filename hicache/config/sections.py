@@ -21,8 +21,8 @@ IO_BACKENDS = ("kernel", "direct")
 MEM_LAYOUTS = ("layer_first", "page_first", "page_first_direct", "page_head")
 #: Admission orders the scheduler implements (ARCHITECTURE.md §4: FCFS or LPM).
 SCHEDULE_POLICIES = ("fcfs", "lpm")
-#: ``auto``: closed loop when the trace has session/turn/think_time; ``on``: require it; ``off``:
-#: replay the trace's timestamps as they are.
+#: ``auto``: closed loop when the requests used record ``think_time_ms`` (a session id alone is
+#: not enough); ``on``: closed loop for every session; ``off``: replay the timestamps as they are.
 CLOSED_LOOP_MODES = ("auto", "on", "off")
 #: What ``cache_finished_req`` inserts: prompt + outputs, or the prompt only (as sim.hitrate).
 OUTPUT_MODES = ("cache", "skip")
@@ -261,7 +261,7 @@ class WorkloadConfig:
     rate_scale: float = 1.0
     # 0 = every request in the trace
     max_requests: int = 0
-    # closed loop exactly when the trace says how (session_id/turn/think_time_ms present)
+    # closed loop exactly when the trace records think times (sim.engine.resolve_closed_loop)
     closed_loop: str = "auto"
     # outputs enter the cache at finish, as cache_finished_req does in SGLang
     outputs: str = "cache"
