@@ -9,6 +9,7 @@
 ``trace``      inspect, convert, generate, validate traces (:mod:`cli.traces`)
 ``replay``     real copies with torch (:mod:`cli.replay`)
 ``config``     config keys, a config as SGLang flags (:mod:`cli.config`)
+``model``      a model's prefill/decode cost on a GPU, part by part (:mod:`cli.model`)
 =============  ==========================================================
 
 User errors (bad arguments, unreadable or malformed inputs) print one line and exit 2 (see
@@ -31,7 +32,7 @@ __all__ = ["EXIT_USER_ERROR", "UserError", "build_parser", "main"]
 def build_parser() -> argparse.ArgumentParser:
     """The whole ``hicache-sim`` parser; each parsed command has ``func`` (and may have
     ``user_errors`` / ``error_prefix``, see :func:`cli.errors.run_command`)."""
-    from cli import config, demo, replay, report, run, sweep, traces
+    from cli import config, demo, model, replay, report, run, sweep, traces
     from hicache import __version__
 
     parser = Parser(
@@ -49,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     # replay needs torch (the `replay` extra); its module imports torch only inside commands
     replay.register(sub)
     config.register(sub)
+    model.register(sub)
     return parser
 
 

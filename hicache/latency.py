@@ -1,14 +1,10 @@
-"""Transfer-time and compute-time models: the one cost rule of a copy op, prefill and decode.
+"""Transfer-time model: the one cost rule of a HiCache copy op, and the layer-wise load overlap.
 
 Transfers (ENGINEERING.md "PCIe model"): one copy op moving ``nbytes`` in ``runs`` contiguous
 pieces takes ``alpha + runs * gamma + nbytes / (beta * eta_if_coupled)``; the constants per IO
 backend and direction live in a :class:`~hicache.profile.Profile` (:mod:`hicache.profile`,
 re-exported here). What a HiCache op is charged is the one cost rule, :func:`op_charges`.
-
-Compute (HARDWARE.md C6, **[model]**): a roofline. Prefill is FLOP-bound for any sizeable
-extend, with a floor set by reading the weights once; decode is HBM-bound (weights + KV of the
-batch) with a FLOP ceiling for large batches. Both add a fixed per-batch overhead (scheduling,
-kernel launches, sampling) from the profile.
+Compute (prefill and decode passes) is :mod:`hicache.forward`.
 
 Standard library only.
 """
@@ -18,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from hicache.hardware import GpuSpec, ModelSpec, kv_bytes_per_token, weight_bytes_per_rank
 from hicache.profile import (
     BACKENDS,
     DIRECTIONS,
@@ -49,17 +44,12 @@ __all__ = [  # the profile names are re-exported from hicache.profile
     "Profile",
     "charged_time",
     "count_runs",
-    "decode_step_time",
     "default_profile_path",
     "layer_pipeline_end",
-    "layer_time",
     "load_profile",
     "measured_profile_path",
     "op_charges",
     "op_time",
-    "prefill_flops",
-    "prefill_flops_split",
-    "prefill_time",
     "profile_from_dict",
     "profile_to_dict",
     "profile_to_json",
@@ -91,126 +81,8 @@ def transfer_time(p: LinkParams, nbytes: int, runs: int = 1, coupled: bool = Fal
 
 
 # ---------------------------------------------------------------------------------------------
-# Compute
+# Layer-wise load overlap
 # ---------------------------------------------------------------------------------------------
-
-
-def _attn_flops_per_pair(model: ModelSpec) -> int:
-    # QK^T costs 2 * head_dim and PV 2 * v_head_dim FLOPs per (query, key) pair and head, per
-    # layer: 4 * heads * head_dim when the two dims are equal
-    return 2 * model.num_layers * model.num_attention_heads * (model.head_dim + model.v_head_dim)
-
-
-def prefill_flops_split(
-    model: ModelSpec, new_tokens: int, cached_tokens: int, tp: int = 1
-) -> tuple[float, float]:
-    """(linear, attention) FLOPs on one rank to extend one request by ``new_tokens`` on top of
-    ``cached_tokens`` already in the KV cache. **[model]**, after HARDWARE.md C6 (Mooncake eq. 1):
-
-    * linear: ``2 * body_active_params * new_tokens`` plus the LM head for one position,
-      ``2 * vocab * hidden`` (SGLang computes logits only for the last position of an extend;
-      the embedding lookup is a gather). Counting the embeddings per token, as ``2 *
-      active_params * n`` would, overstates Llama-3-8B by 15 %.
-    * attention (causal, QK^T and PV): ``2 * layers * heads * (head_dim + v_head_dim) *
-      (new * cached + new * (new + 1) / 2)``, i.e. ``4 * layers * heads * head_dim * ...`` for
-      the usual equal dims. Mooncake's ``a = 4`` counts the full square; a causal kernel skips
-      the upper triangle.
-
-    Both are divided by ``tp`` (all-reduce time is not modelled). For a batch, sum per request.
-    """
-    if new_tokens < 0 or cached_tokens < 0:
-        raise ValueError(f"token counts must be >= 0, got new={new_tokens} cached={cached_tokens}")
-    if tp < 1:
-        raise ValueError(f"tp must be >= 1, got {tp}")
-    if new_tokens == 0:
-        return 0.0, 0.0
-    n, p = float(new_tokens), float(cached_tokens)
-    linear = 2.0 * model.body_active_params * n + 2.0 * model.vocab_size * model.hidden_size
-    attention = _attn_flops_per_pair(model) * (n * p + n * (n + 1) / 2)
-    return linear / tp, attention / tp
-
-
-def prefill_flops(model: ModelSpec, new_tokens: int, cached_tokens: int, tp: int = 1) -> float:
-    """Total FLOPs of :func:`prefill_flops_split` (linear + causal attention), per rank."""
-    linear, attention = prefill_flops_split(model, new_tokens, cached_tokens, tp)
-    return linear + attention
-
-
-def prefill_time(
-    model: ModelSpec,
-    gpu: GpuSpec,
-    profile: Profile,
-    reqs: Sequence[tuple[int, int]],
-    tp: int = 1,
-) -> float:
-    """Seconds for one prefill batch; ``reqs`` holds ``(new_tokens, cached_tokens)`` per request.
-
-    **[model]** roofline: ``max(compute, memory) + prefill_overhead_s`` where
-    ``compute = sum(linear) / (peak * mfu) + sum(attention) / (peak * mfu * attn_efficiency)``
-    (FLOPs from :func:`prefill_flops_split`) and ``memory`` is reading the weights once plus the
-    KV of every request's cached and new tokens, at ``hbm_bw * decode_hbm_efficiency``. The
-    memory floor only matters for small extends (a request that is almost all cache hit costs
-    at least one pass over the weights, ~6 ms for Llama-3-8B on an H100). An empty batch takes 0.
-    """
-    if not reqs:
-        return 0.0
-    linear = attention = 0.0
-    kv_tokens = 0
-    for new, cached in reqs:
-        lin, att = prefill_flops_split(model, new, cached, tp)
-        linear += lin
-        attention += att
-        kv_tokens += new + cached
-    peak = gpu.peak_flops_bf16 * profile.mfu
-    compute = linear / peak + attention / (peak * profile.attn_efficiency)
-    nbytes = weight_bytes_per_rank(model, tp) + kv_bytes_per_token(model, tp) * kv_tokens
-    memory = nbytes / (gpu.hbm_bw * profile.decode_hbm_efficiency)
-    return max(compute, memory) + profile.prefill_overhead_s
-
-
-def layer_time(
-    model: ModelSpec,
-    gpu: GpuSpec,
-    profile: Profile,
-    reqs: Sequence[tuple[int, int]],
-    tp: int = 1,
-) -> float:
-    """``prefill_time / num_layers``: one layer's share, for the layer-wise load pipeline."""
-    return prefill_time(model, gpu, profile, reqs, tp) / model.num_layers
-
-
-def decode_step_time(
-    model: ModelSpec,
-    gpu: GpuSpec,
-    profile: Profile,
-    batch_size: int,
-    kv_tokens_total: int,
-    tp: int = 1,
-) -> float:
-    """Seconds for one decode step of ``batch_size`` requests holding ``kv_tokens_total`` KV
-    tokens between them (the KV every request reads this step).
-
-    **[model]** roofline: ``max(memory, compute) + decode_overhead_s`` with
-    ``memory = (weight_bytes_per_rank + kv_bytes_per_token(model, tp) * kv_tokens_total) /
-    (hbm_bw * decode_hbm_efficiency)`` and ``compute`` the FLOPs of one new token per request
-    (:func:`prefill_flops_split` with ``new = 1``) at ``peak * mfu``. Decode is memory-bound
-    until batches of a few hundred; the compute ceiling keeps very large batches honest. For MoE
-    models all weights are read every step (true once the batch touches every expert; an upper
-    bound for small batches). ``batch_size == 0`` takes 0.
-    """
-    if batch_size < 0 or kv_tokens_total < 0:
-        raise ValueError(
-            f"batch_size and kv_tokens_total must be >= 0, got {batch_size}, {kv_tokens_total}"
-        )
-    if batch_size == 0:
-        return 0.0
-    nbytes = weight_bytes_per_rank(model, tp) + kv_bytes_per_token(model, tp) * kv_tokens_total
-    memory = nbytes / (gpu.hbm_bw * profile.decode_hbm_efficiency)
-    lin_one, _ = prefill_flops_split(model, 1, 0, tp)
-    attention = _attn_flops_per_pair(model) * kv_tokens_total / tp
-    peak = gpu.peak_flops_bf16 * profile.mfu
-    compute = batch_size * lin_one / peak + attention / (peak * profile.attn_efficiency)
-    return max(memory, compute) + profile.decode_overhead_s
 
 
 def layer_pipeline_end(
@@ -277,21 +149,71 @@ class OpCharges(NamedTuple):
     nbytes: int
 
 
-def op_charges(kind: str, nbytes: int, runs: int, layers: int) -> OpCharges:
-    """THE cost rule of a HiCache copy op (the simulator, the bench rows, the calibration fit
-    and the replay's predictions all use it).
+#: pages the page_first write-back stages and copies per chunk (SGLang 0.5.14
+#: ``_WRITE_BACK_STAGING_PAGE_CHUNK``: one relayout kernel and one batched copy per chunk)
+STAGING_CHUNK_PAGES = 64
+#: the host layouts each IO backend runs with on CUDA (SGLang 0.5.14 ``_handle_hicache``:
+#: page_first + direct becomes page_first_direct, page_first_direct + kernel becomes direct;
+#: page_head + direct fails at run time)
+LAYOUTS_BY_BACKEND = {
+    "kernel": ("layer_first", "page_first", "page_head"),
+    "direct": ("layer_first", "page_first_direct"),
+}
 
-    * ``"write"``: one device->host backup of a node is a single op for all layers (``alpha``
-      once); the KV of each contiguous run of pages is copied per layer (``gamma`` per run per
-      layer, ~0 for the kernel backend);
-    * ``"load"``: a batch's merged host->device load is issued layer by layer (``alpha`` per
-      layer), ``gamma`` per run per layer.
+
+def op_charges(
+    kind: str,
+    nbytes: int,
+    runs: int,
+    layers: int,
+    *,
+    backend: str = "direct",
+    layout: str = "layer_first",
+    pages: int = 0,
+    kv_parts: int = 1,
+) -> OpCharges:
+    """THE cost rule of a HiCache copy op: the fixed costs, the per-copy costs and the bytes
+    that SGLang 0.5.14 issues for it (the simulator, the bench rows, the calibration fit and the
+    replay's predictions all use it).
+
+    ``runs``: contiguous runs of (device, host) page pairs; ``pages``: pages in the op;
+    ``kv_parts``: 2 for an MHA pool (K and V are separate buffers, copied separately), 1 for
+    MLA. A write is a node's device->host backup, all layers in one op; a load is a batch's
+    host->device load, issued layer by layer (one fixed cost per layer).
+
+    * ``kernel`` IO (``layer_first``, ``page_first``, ``page_head``): one gather/scatter kernel
+      per layer (load) or for all layers (write), whatever the fragmentation: no per-copy
+      cost. Except the default ``page_first`` write-back: per chunk of
+      :data:`STAGING_CHUNK_PAGES` pages a relayout kernel (a fixed cost) and a batched copy of
+      one descriptor per page and K/V (``kv_parts * pages`` per-copy costs).
+    * ``direct`` + ``layer_first``: one ``cudaMemcpyAsync`` per contiguous run, layer and K/V
+      (SGLang merges neighbouring indices): ``kv_parts * runs * layers`` copies.
+    * ``direct`` + ``page_first_direct``: one copy per page, layer and K/V, never merged:
+      ``kv_parts * pages * layers`` copies.
+
+    The defaults (``direct``, ``layer_first``, one part) are the structure the replay's copies
+    emulate. Source: the SGLang 0.5.14 wheel's ``memory_pool_host.py`` and
+    ``cache_controller.py`` and sgl-kernel's ``transfer.cu`` (README "Copy cost by backend and
+    layout").
     """
-    if kind == "write":
-        return OpCharges(1, runs * layers, nbytes)
-    if kind == "load":
-        return OpCharges(layers, runs * layers, nbytes)
-    raise ValueError(f"unknown op kind {kind!r}; expected one of {', '.join(OP_KINDS)}")
+    if kind not in OP_KINDS:
+        raise ValueError(f"unknown op kind {kind!r}; expected one of {', '.join(OP_KINDS)}")
+    layouts = LAYOUTS_BY_BACKEND.get(backend)
+    if layouts is None:
+        raise ValueError(f"unknown io backend {backend!r}; choices: kernel, direct")
+    if layout not in layouts:
+        raise ValueError(
+            f"SGLang does not run layout {layout!r} with the {backend} backend "
+            f"(it runs: {', '.join(layouts)})"
+        )
+    fixed = 1 if kind == "write" else layers
+    if backend == "kernel":
+        if kind == "write" and layout == "page_first":
+            chunks = -(-pages // STAGING_CHUNK_PAGES)
+            return OpCharges(max(1, chunks), kv_parts * pages, nbytes)
+        return OpCharges(fixed, 0, nbytes)
+    pieces = runs if layout == "layer_first" else pages
+    return OpCharges(fixed, kv_parts * pieces * layers, nbytes)
 
 
 def charged_time(alpha_s: Any, gamma_s: Any, beta_Bps: Any, c: OpCharges) -> Any:

@@ -25,7 +25,7 @@ DIRECTIONS = ("d2h", "h2d")
 #: Where the shipped default profiles live: ``<gpu>-<link>-default.json``.
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
 #: Version of the profile JSON format this module reads and writes.
-PROFILE_VERSION = 1
+PROFILE_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -64,24 +64,32 @@ class Profile:
     """Every latency constant for one GPU + host link.
 
     ``links[backend][direction]`` holds a :class:`LinkParams` for each backend in ``BACKENDS``
-    and direction in ``DIRECTIONS``. Compute: ``mfu`` (fraction of dense bf16 peak that prefill
-    reaches), ``prefill_overhead_s`` (per prefill batch), ``attn_efficiency`` (attention FLOPs
-    run at ``mfu * attn_efficiency``), ``decode_hbm_efficiency`` (fraction of HBM bandwidth a
-    decode step achieves), ``decode_overhead_s`` (per decode step). ``measured`` is True only
-    for a profile fitted to measurements (replay calibration); ``provenance`` says where the
-    numbers come from (``source`` at least; usually ``date`` and ``notes``).
+    and direction in ``DIRECTIONS``. Compute (the operator model of :mod:`hicache.forward`):
 
-    The dicts are not copied or frozen: treat them as read-only.
+    * ``gemm_scale``: multiplier on the GEMM/elementwise times of the fitted operator tables
+      (:mod:`hicache.compute`); 1 = the tables as measured, a replay GEMM bench on the target
+      GPU measures it as measured / predicted;
+    * ``decode_hbm_efficiency``: fraction of nominal HBM bandwidth a decode step's KV read
+      achieves (attention over the cached tokens);
+    * overheads, seconds: ``prefill_forward_s`` per prefill forward pass (host-side launch and
+      input preparation of an eager forward), ``decode_forward_s`` per decode step (a CUDA-graph
+      replay), ``request_s`` per request in a batch (scheduling, prefix match, input
+      preparation), ``sampling_s`` per batch (logits to tokens, the host sync).
+
+    ``measured`` is True only for a profile fitted to measurements (replay calibration);
+    ``provenance`` says where the numbers come from (``source`` at least; usually ``date`` and
+    ``notes``). The dicts are not copied or frozen: treat them as read-only.
     """
 
     gpu: str
     link_name: str
     links: dict[str, dict[str, LinkParams]] = field(hash=False)
-    mfu: float
-    prefill_overhead_s: float
-    attn_efficiency: float = 1.0
+    gemm_scale: float = 1.0
     decode_hbm_efficiency: float
-    decode_overhead_s: float
+    prefill_forward_s: float
+    decode_forward_s: float
+    request_s: float
+    sampling_s: float
     measured: bool = False
     provenance: dict[str, str] = field(default_factory=dict, hash=False)
 
@@ -98,15 +106,11 @@ class Profile:
                     raise ValueError(
                         f"links.{backend}.{direction}: unknown direction; choices: {DIRECTIONS}"
                     )
-        for name, lo_open, hi in (
-            ("mfu", 0.0, 1.0),
-            ("attn_efficiency", 0.0, math.inf),
-            ("decode_hbm_efficiency", 0.0, 1.0),
-        ):
+        for name, hi in (("gemm_scale", 100.0), ("decode_hbm_efficiency", 1.0)):
             v = getattr(self, name)
-            if not lo_open < v <= hi:
+            if not 0.0 < v <= hi:
                 raise ValueError(f"compute.{name} must be in (0, {hi:g}], got {v}")
-        for name in ("prefill_overhead_s", "decode_overhead_s"):
+        for name in OVERHEAD_KEYS:
             v = getattr(self, name)
             if not (math.isfinite(v) and v >= 0):
                 raise ValueError(f"compute.{name} must be >= 0, got {v}")
@@ -122,8 +126,13 @@ class Profile:
 
 
 _LINK_KEYS = ("alpha_s", "beta_Bps", "gamma_s", "eta")
-#: the compute constants of a profile (a CUDA bench measures mfu and decode_hbm_efficiency)
-COMPUTE_KEYS = (
+#: the fixed host-side costs of a forward pass, per pass, per request and per batch (seconds)
+OVERHEAD_KEYS = ("prefill_forward_s", "decode_forward_s", "request_s", "sampling_s")
+#: the compute constants of a profile (a CUDA bench measures gemm_scale and
+#: decode_hbm_efficiency)
+COMPUTE_KEYS = ("gemm_scale", "decode_hbm_efficiency", *OVERHEAD_KEYS)
+#: version 1's compute keys (a roofline at a guessed MFU), converted on read
+_V1_COMPUTE_KEYS = (
     "mfu",
     "prefill_overhead_s",
     "attn_efficiency",
@@ -180,10 +189,10 @@ def profile_from_dict(data: Mapping[str, Any], source: str = "<profile>") -> Pro
     """Parse and validate the on-disk form. Every key is required and unknown keys are
     errors; every ``ValueError`` starts with ``source`` and names the offending key."""
     top = _check_keys(dict(data), "", _TOP_KEYS, source)
-    if top["version"] != PROFILE_VERSION or isinstance(top["version"], bool):
+    version = top["version"]
+    if version not in (1, PROFILE_VERSION) or isinstance(version, bool):
         raise ValueError(
-            f"{source}: version: unsupported {top['version']!r} (this build reads "
-            f"{PROFILE_VERSION})"
+            f"{source}: version: unsupported {version!r} (this build reads 1 and {PROFILE_VERSION})"
         )
     for k in ("gpu", "link"):
         if not isinstance(top[k], str) or not top[k]:
@@ -208,8 +217,15 @@ def profile_from_dict(data: Mapping[str, Any], source: str = "<profile>") -> Pro
                 links[b][d] = LinkParams(**vals)
             except ValueError as e:
                 raise ValueError(f"{source}: {where}.{e}") from None
-    comp = _check_keys(top["compute"], "compute", COMPUTE_KEYS, source)
-    cvals = {k: _number(comp[k], f"compute.{k}", source) for k in COMPUTE_KEYS}
+    if version == 1:
+        comp = _check_keys(top["compute"], "compute", _V1_COMPUTE_KEYS, source)
+        cvals = _compute_from_v1(
+            {k: _number(comp[k], f"compute.{k}", source) for k in _V1_COMPUTE_KEYS}
+        )
+        prov = {**prov, "converted": V1_NOTE}
+    else:
+        comp = _check_keys(top["compute"], "compute", COMPUTE_KEYS, source)
+        cvals = {k: _number(comp[k], f"compute.{k}", source) for k in COMPUTE_KEYS}
     try:
         return Profile(
             gpu=top["gpu"],
@@ -221,6 +237,26 @@ def profile_from_dict(data: Mapping[str, Any], source: str = "<profile>") -> Pro
         )
     except ValueError as e:
         raise ValueError(f"{source}: {e}") from None
+
+
+#: what a version-1 profile keeps when it is read (its provenance gains this as "converted")
+V1_NOTE = (
+    "read from a version-1 profile: links kept; mfu and attn_efficiency dropped (compute now "
+    "comes from the measured operator tables, gemm_scale 1); prefill/decode_overhead_s kept as "
+    "prefill/decode_forward_s; request_s and sampling_s 0"
+)
+
+
+def _compute_from_v1(v1: Mapping[str, float]) -> dict[str, float]:
+    """Version 2's compute constants from version 1's (:data:`V1_NOTE` says how)."""
+    return {
+        "gemm_scale": 1.0,
+        "decode_hbm_efficiency": v1["decode_hbm_efficiency"],
+        "prefill_forward_s": v1["prefill_overhead_s"],
+        "decode_forward_s": v1["decode_overhead_s"],
+        "request_s": 0.0,
+        "sampling_s": 0.0,
+    }
 
 
 def default_profile_path(gpu: str, link: str) -> Path:

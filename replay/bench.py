@@ -14,7 +14,7 @@ Four sweeps, each row one timed repeat (after ``warmup`` untimed ones):
   count (the shape of real HiCache ops).
 * ``gemm`` / ``hbm`` (CUDA only): one layer's linear GEMMs in the model's shapes (QKV, O,
   gate+up, down; :func:`model_gemm_shapes`) in bf16 and a large device-to-device copy, for the
-  compute constants (``mfu``, ``decode_hbm_efficiency``).
+  compute constants (``gemm_scale``, ``decode_hbm_efficiency``).
 
 Row columns: ``kind, backend, direction, host_memory, layout, bytes, pages, run_pages, runs,
 layers, n_alpha, n_gamma, calls, flops, repeat, duration_s``. ``n_alpha`` / ``n_gamma`` are how

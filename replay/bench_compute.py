@@ -1,6 +1,6 @@
 """The bench's compute rows (CUDA only): one transformer layer's linear GEMMs in the model's
-shapes (:func:`model_gemm_shapes`) in bf16, for ``mfu``, and a large device-to-device copy, for
-``decode_hbm_efficiency``.
+shapes (:func:`model_gemm_shapes`) in bf16, for ``gemm_scale``, and a large device-to-device
+copy, for ``decode_hbm_efficiency``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ def model_gemm_shapes(model: str, tp: int = 1) -> tuple[tuple[str, int, int], ..
     layer's weights add up to the preset's ``body_active_params / layers`` (14,336 for
     Llama-3-8B, as its config says). Column-parallel GEMMs split ``n`` by ``tp``, row-parallel
     ones ``k``. The FLOPs these shapes do per token are what ``hicache.latency`` charges as the
-    linear part of prefill, so their measured rate is its ``mfu``.
+    linear part of prefill, so their measured time over ``hicache.forward``'s prediction for the
+    same shapes is the profile's ``gemm_scale``.
 
     MoE and MLA presets get the same dense shapes with the active weights (an approximation:
     their experts run as several smaller GEMMs, and MLA projects through a latent)."""
@@ -45,10 +46,29 @@ def model_gemm_shapes(model: str, tp: int = 1) -> tuple[tuple[str, int, int], ..
     return (("qkv", h, qkv), ("o", o, h), ("gate_up", h, 2 * width), ("down", width, h))
 
 
+def gemm_label(name: str, m: int, n: int, k: int) -> str:
+    """The ``layout`` label of a GEMM row: its name and shape, ``"qkv 4096x4096x6144"`` for
+    ``[m x k] @ [k x n]`` (``hicache.forward`` predicts the same shape to measure
+    ``gemm_scale``)."""
+    return f"{name} {m}x{k}x{n}"
+
+
+def parse_gemm_label(label: str) -> tuple[int, int, int] | None:
+    """``(m, n, k)`` of a :func:`gemm_label`, or None for a label without a shape."""
+    import re
+
+    got = re.fullmatch(r".* (\d+)x(\d+)x(\d+)", label)
+    if got is None:
+        return None
+    m, k, n = (int(g) for g in got.groups())
+    return m, n, k
+
+
 def compute_rows(cfg: BenchConfig, rt: Runtime, rows: BenchRows) -> None:
-    """A layer's linear GEMMs in bf16 (``mfu``; a row per GEMM and repeat, its name in the
-    ``layout`` column) and a large device-to-device copy (HBM bandwidth). :func:`run_bench`
-    runs these on CUDA only; on CPU tensors they work but say nothing about a GPU."""
+    """A layer's linear GEMMs in bf16 (``gemm_scale``; a row per GEMM and repeat, its name and
+    shape in the ``layout`` column, :func:`gemm_label`) and a large device-to-device copy (HBM
+    bandwidth). :func:`run_bench` runs these on CUDA only; on CPU tensors they work but say
+    nothing about a GPU."""
     m = cfg.gemm_tokens
     for name, k, n in cfg.gemm_shapes:
         a = torch.randn(m, k, dtype=torch.bfloat16, device=rt.device)
@@ -64,7 +84,7 @@ def compute_rows(cfg: BenchConfig, rt: Runtime, rows: BenchRows) -> None:
             times[cfg.warmup :],
             kind="gemm",
             backend="gemm",
-            layout=name,
+            layout=gemm_label(name, m, n, k),
             flops=2.0 * m * n * k,
             n_alpha=0,
             calls=0,

@@ -5,7 +5,7 @@
 :mod:`replay.fit`, re-exported here), takes the compute constants, and assembles a
 :class:`~hicache.latency.Profile` whose provenance says where each value came from.
 
-Compute constants: ``mfu`` from the GEMM rows and ``decode_hbm_efficiency`` from the HBM rows
+Compute constants: ``gemm_scale`` from the GEMM rows and ``decode_hbm_efficiency`` from the HBM rows
 when the benchmark ran on CUDA; everything else is copied from the shipped default profile of
 the GPU and link, and the provenance says which values were measured.
 
@@ -147,19 +147,17 @@ def _fit_links(
 def _compute_constants(
     bench: pd.DataFrame, base: Profile, gpu_spec: GpuSpec, cuda: bool
 ) -> tuple[dict[str, float], list[str]]:
-    """The compute constants (:data:`COMPUTE_KEYS`): those of ``base``, with ``mfu`` and
-    ``decode_hbm_efficiency`` measured from the GEMM and HBM rows of a CUDA bench; and a
-    line per measured value saying how."""
+    """The compute constants (:data:`COMPUTE_KEYS`): those of ``base``, with ``gemm_scale`` and
+    ``decode_hbm_efficiency`` measured from the GEMM and HBM rows of a CUDA bench; and a line
+    per measured value saying how."""
     compute = {k: getattr(base, k) for k in COMPUTE_KEYS}
     how = []
-    gemm = bench[bench.kind == "gemm"]
-    if cuda and len(gemm):
-        rate = gemm_rate(bench)
-        compute["mfu"] = min(1.0, rate / gpu_spec.peak_flops_bf16)
-        names = ", ".join(str(n) for n in dict.fromkeys(gemm.layout))
+    scale = gemm_scale(bench, gpu_spec) if cuda else None
+    if scale is not None:
+        compute["gemm_scale"] = scale
         how.append(
-            f"mfu {compute['mfu']:.3f} = one layer's bf16 linear GEMMs ({names}) at "
-            f"{rate / 1e12:.1f} TFLOP/s / peak {gpu_spec.peak_flops_bf16 / 1e12:.0f}"
+            f"gemm_scale {scale:.3f} = one layer's bf16 GEMMs measured / predicted by the "
+            f"operator tables for {gpu_spec.name} (hicache.forward.compute_models_for)"
         )
     hbm = bench[bench.kind == "hbm"]
     if cuda and len(hbm):
@@ -170,6 +168,26 @@ def _compute_constants(
             f"{bw / 1e9:.0f} GB/s / {gpu_spec.hbm_bw / 1e9:.0f}"
         )
     return compute, how
+
+
+def gemm_scale(bench: pd.DataFrame, gpu_spec: GpuSpec) -> float | None:
+    """Measured over predicted seconds of the bench's GEMMs, one of each shape at its median
+    time (None without GEMM rows that carry their shape)."""
+    from hicache.forward import compute_models_for
+    from replay.bench_compute import parse_gemm_label
+
+    g = bench[bench.kind == "gemm"]
+    if g.empty:
+        return None
+    model, _, _ = compute_models_for(gpu_spec)
+    measured = predicted = 0.0
+    for label, t in g.groupby("layout").duration_s.median().items():
+        shape = parse_gemm_label(str(label))
+        if shape is None:
+            return None
+        measured += float(t)
+        predicted += model.time(*shape)
+    return measured / predicted if predicted > 0 else None
 
 
 def _measured_on(machine: dict[str, str]) -> str:

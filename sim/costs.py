@@ -1,13 +1,14 @@
 """The latency model bound to one configuration: what the scheduler and the controller charge.
 
-Copy ops follow the one cost rule of :mod:`hicache.latency` (``op_charges`` / ``op_time``);
-prefill and decode come from its compute model under the run's profile.
+Copy ops follow the one cost rule of :mod:`hicache.latency` (``op_charges`` / ``op_time``) for
+the run's IO backend and host layout; prefill and decode come from :mod:`hicache.forward` (the
+operator model of the served model) with the run's profile overheads.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from hicache import latency
@@ -19,7 +20,14 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Costs:
-    """The latency model of one run (``sim.scheduler.CostModel`` and the controller's copies)."""
+    """The latency model of one run (``sim.scheduler.CostModel`` and the controller's copies).
+
+    ``d2h``/``h2d``: the copy constants of the run's IO backend, with the bandwidth already
+    reduced to what each rank gets when all ``tp`` ranks copy at once (the server's shared
+    uplinks and socket memory, :func:`hicache.servers.rank_link_share`). ``backend``,
+    ``layout`` and ``kv_parts`` select how SGLang issues a copy (:func:`hicache.latency.
+    op_charges`).
+    """
 
     num_layers: int
     bytes_per_page: int
@@ -27,6 +35,9 @@ class Costs:
     h2d: LinkParams
     prefill_fn: Callable[[list[tuple[int, int]]], float]
     decode_fn: Callable[[int, int], float]
+    backend: str = "direct"
+    layout: str = "layer_first"
+    kv_parts: int = 1
     _decode_memo: dict[int, tuple[float, float]] = field(default_factory=dict, repr=False)
 
     @property
@@ -40,7 +51,17 @@ class Costs:
     def op_time(self, kind: str, nbytes: int, runs: int) -> float:
         """Uncoupled seconds of a ``"write"`` (d2h) or ``"load"`` (h2d) op."""
         link = self.d2h if kind == "write" else self.h2d
-        return latency.op_time(link, latency.op_charges(kind, nbytes, runs, self.num_layers))
+        charges = latency.op_charges(
+            kind,
+            nbytes,
+            runs,
+            self.num_layers,
+            backend=self.backend,
+            layout=self.layout,
+            pages=nbytes // self.bytes_per_page if self.bytes_per_page else 0,
+            kv_parts=self.kv_parts,
+        )
+        return latency.op_time(link, charges)
 
     def prefill_time(self, reqs: list[tuple[int, int]]) -> float:
         return self.prefill_fn(reqs)
@@ -55,32 +76,38 @@ class Costs:
         return got
 
 
-__all__ = ["Costs", "build_costs", "count_runs"]
+__all__ = ["Costs", "build_costs", "count_runs", "shared_link"]
+
+
+def shared_link(p: LinkParams, share: float) -> LinkParams:
+    """``p`` with its bandwidth times ``share`` (a rank's part of a shared path)."""
+    return p if share == 1.0 else replace(p, beta_Bps=p.beta_Bps * share)
 
 
 def build_costs(cfg: SimConfig) -> Costs:
     """The latency model for a resolved :class:`hicache.config.SimConfig`."""
-    from hicache.config import resolve_pools
-    from hicache.hardware import get_gpu, get_model
+    from hicache.config import resolve_pools, server_for
+    from hicache.forward import forward_model
+    from hicache.hardware import get_gpu
+    from hicache.servers import rank_link_share
 
-    model = get_model(cfg.model.name)
+    model = cfg.model.spec
     gpu = get_gpu(cfg.gpu.name)
     tp = cfg.model.tp
     _, _, kv_bytes = resolve_pools(cfg)
     prof = latency.load_profile(cfg.run.profile or None, cfg.gpu.name, cfg.link.name)
     backend = cfg.link.io_backend
-
-    def prefill(reqs: list[tuple[int, int]]) -> float:
-        return latency.prefill_time(model, gpu, prof, reqs, tp)
-
-    def decode(bs: int, kv: int) -> float:
-        return latency.decode_step_time(model, gpu, prof, bs, kv, tp)
-
+    fwd = forward_model(model, gpu, tp, prof)
+    server = server_for(cfg)
+    d2h, h2d = prof.link(backend, "d2h"), prof.link(backend, "h2d")
     return Costs(
         num_layers=model.num_layers,
         bytes_per_page=kv_bytes * cfg.cache.page_size,
-        d2h=prof.link(backend, "d2h"),
-        h2d=prof.link(backend, "h2d"),
-        prefill_fn=prefill,
-        decode_fn=decode,
+        d2h=shared_link(d2h, rank_link_share(server, d2h.beta_Bps, tp)),
+        h2d=shared_link(h2d, rank_link_share(server, h2d.beta_Bps, tp)),
+        prefill_fn=fwd.prefill_time,
+        decode_fn=fwd.decode_time,
+        backend=backend,
+        layout=cfg.link.mem_layout,
+        kv_parts=1 if model.mla else 2,
     )

@@ -23,6 +23,7 @@ from hicache.config import (
     resolve_pools,
     with_overrides,
 )
+from hicache.hardware import get_model, weight_bytes_per_rank
 from hicache.policy import STRATEGIES, WRITE_POLICIES
 
 
@@ -197,7 +198,7 @@ def test_missing_file() -> None:
 @pytest.mark.parametrize(
     ("item", "field", "fragment"),
     [
-        ("model.name=gpt-5", "model.name", "unknown model 'gpt-5'; choices: deepseek-v3"),
+        ("model.name=gpt-5", "model.name", "unknown model 'gpt-5'; choices: codellama-34b"),
         ("model.tp=0", "model.tp", ">= 1"),
         ("model.tp=3", "model.tp", "does not split"),
         ("gpu.name=tpu", "gpu.name", "choices: a100-80gb, gh200, h100-sxm, h200"),
@@ -293,14 +294,16 @@ def test_resolve_pools_sglang_examples() -> None:
 
 def test_resolve_pools_derived_from_hbm() -> None:
     device, host, bpt = resolve_pools(load_config())
-    raw = math.floor((80e9 * 0.9 - 16.06e9 - 1e9) / 131_072)
+    w8 = weight_bytes_per_rank(get_model("llama-3-8b"))  # 2 x 8,030,261,248 params
+    raw = math.floor((80e9 * 0.9 - w8 - 1e9) / 131_072)
     assert device == raw // 64 * 64 == 419_136
     assert host == (2 * device // 64 + 1) * 64
     assert bpt == 131_072
     # TP8 70B: 40 KiB/token per rank
     device70, _, bpt70 = resolve_pools(load_config(None, ["model.name=llama-3-70b", "model.tp=8"]))
     assert bpt70 == 40 * 1024
-    assert device70 == math.floor((72e9 - 70.6e9 * 2 / 8 - 1e9) / bpt70) // 64 * 64
+    w70 = weight_bytes_per_rank(get_model("llama-3-70b"), 8)
+    assert device70 == math.floor((72e9 - w70 - 1e9) / bpt70) // 64 * 64
 
 
 def test_resolve_pools_without_host_tier() -> None:

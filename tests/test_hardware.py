@@ -34,8 +34,9 @@ def test_kv_bytes_per_token_reproduces_the_c4_table(name: str, expected: int) ->
     assert kv_bytes_per_token(get_model(name)) == expected
 
 
-def test_every_model_preset_is_in_the_c4_table() -> None:
-    assert set(MODELS) == set(C4_TABLE)
+def test_every_c4_model_is_a_preset() -> None:
+    # more presets exist (tests/test_models.py); the C4 six keep their names and sizes
+    assert set(C4_TABLE) <= set(MODELS)
 
 
 def test_c4_derived_columns() -> None:
@@ -78,18 +79,22 @@ def test_tp_that_does_not_split_kv_heads_is_rejected(tp: int) -> None:
 def test_moe_and_dense_parameter_counts() -> None:
     for m in MODELS.values():
         assert 0 < m.body_active_params < m.active_params <= m.params
-    assert get_model("qwen3-235b-a22b").active_params == 22e9
-    assert get_model("deepseek-v3").active_params == 37e9
+    # computed from the shape (tests/test_models.py compares every preset to its model card)
+    assert get_model("qwen3-235b-a22b").active_params == pytest.approx(22e9, rel=0.02)
+    assert get_model("deepseek-v3").active_params == pytest.approx(37e9, rel=0.02)
     assert get_model("llama-3-8b").active_params == get_model("llama-3-8b").params
     # Llama-3-8B: two untied 128,256 x 4,096 matrices, ~1.05 B of the 8.03 B
     assert get_model("llama-3-8b").embedding_params == 2 * 128_256 * 4096
 
 
 def test_weight_bytes() -> None:
-    assert weight_bytes_per_rank(get_model("llama-3-8b")) == pytest.approx(16.06e9)
-    assert weight_bytes_per_rank(get_model("llama-3-70b"), 8) == pytest.approx(70.6e9 * 2 / 8)
+    # Llama-3-8B: 8,030,261,248 parameters (the checkpoint's count) in bf16
+    assert weight_bytes_per_rank(get_model("llama-3-8b")) == 2 * 8_030_261_248
+    assert weight_bytes_per_rank(get_model("llama-3-70b"), 8) == pytest.approx(
+        70.6e9 * 2 / 8, rel=0.002
+    )
     # DeepSeek-V3 is served with its FP8 checkpoint
-    assert weight_bytes_per_rank(get_model("deepseek-v3"), 8) == pytest.approx(671e9 / 8)
+    assert weight_bytes_per_rank(get_model("deepseek-v3"), 8) == pytest.approx(671e9 / 8, rel=0.001)
 
 
 @pytest.mark.parametrize(
@@ -123,7 +128,7 @@ def test_gpu_figures_and_links() -> None:
 def test_device_pool_for_llama_8b_on_h100() -> None:
     m, g = get_model("llama-3-8b"), get_gpu("h100-sxm")
     tokens = device_pool_tokens(m, g, 1, 0.9, 1e9)
-    assert tokens == math.floor((80e9 * 0.9 - 16.06e9 - 1e9) / 131_072) == 419_158
+    assert tokens == math.floor((80e9 * 0.9 - 2 * 8_030_261_248 - 1e9) / 131_072) == 419_154
 
 
 def test_device_pool_matches_the_c4_capacity_example() -> None:
@@ -142,7 +147,7 @@ def test_device_pool_shrinks_with_reserve_and_grows_with_tp() -> None:
 
 
 def test_device_pool_without_room_for_kv_is_a_clear_error() -> None:
-    with pytest.raises(ValueError, match=r"leaves no KV cache.*weights 141.20 GB"):
+    with pytest.raises(ValueError, match=r"leaves no KV cache.*weights 141.11 GB"):
         device_pool_tokens(get_model("llama-3-70b"), get_gpu("h100-sxm"), 1, 0.9, 1e9)
     with pytest.raises(ValueError, match=r"mem_fraction"):
         device_pool_tokens(get_model("llama-3-8b"), get_gpu("h100-sxm"), 1, 1.5, 0)

@@ -12,20 +12,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hicache.hardware import GPUS, get_gpu, get_model, kv_bytes_per_token, weight_bytes_per_rank
+from hicache.hardware import GPUS, get_gpu
 from hicache.latency import (
     BACKENDS,
     DIRECTIONS,
     LinkParams,
     Profile,
-    decode_step_time,
     default_profile_path,
     layer_pipeline_end,
-    layer_time,
     load_profile,
-    prefill_flops,
-    prefill_flops_split,
-    prefill_time,
+    op_charges,
+    op_time,
     profile_from_dict,
     profile_to_dict,
     profile_to_json,
@@ -35,7 +32,6 @@ from hicache.latency import (
 )
 
 H100 = get_gpu("h100-sxm")
-L8 = get_model("llama-3-8b")
 
 
 @pytest.fixture
@@ -85,12 +81,29 @@ def test_link_params_reject_nonsense(kwargs: dict[str, float]) -> None:
         LinkParams(**kwargs)
 
 
-def test_direct_backend_pays_per_run_and_kernel_does_not(h100: Profile) -> None:
-    nbytes, runs = 64 * 2**20, 512
-    direct = transfer_time(h100.link("direct", "h2d"), nbytes, runs)
-    kernel = transfer_time(h100.link("kernel", "h2d"), nbytes, runs)
-    assert kernel < direct
-    assert transfer_time(h100.link("kernel", "h2d"), nbytes, 1) == kernel
+def test_direct_backend_pays_per_copy_and_kernel_does_not(h100: Profile) -> None:
+    """Fragmentation costs the direct backend a copy per run (layer_first) or per page
+    (page_first_direct), and costs a kernel load nothing (one gather per layer)."""
+    nbytes, pages, layers = 64 * 2**20, 512, 32
+    loads = {
+        (b, lay, runs): op_time(
+            h100.link(b, "h2d"),
+            op_charges(
+                "load", nbytes, runs, layers, backend=b, layout=lay, pages=pages, kv_parts=2
+            ),
+        )
+        for b, lay in (
+            ("kernel", "page_first"),
+            ("direct", "layer_first"),
+            ("direct", "page_first_direct"),
+        )
+        for runs in (1, pages)
+    }
+    assert loads["kernel", "page_first", 1] == loads["kernel", "page_first", pages]
+    assert loads["direct", "layer_first", 1] < loads["direct", "layer_first", pages]
+    # page_first_direct never merges pages: as slow as layer_first with nothing contiguous
+    assert loads["direct", "page_first_direct", 1] == loads["direct", "layer_first", pages]
+    assert loads["kernel", "page_first", pages] < loads["direct", "layer_first", pages]
 
 
 # --- profiles ----------------------------------------------------------------------------------
@@ -121,7 +134,7 @@ def test_a_measured_profile_replaces_the_estimate_for_its_gpu_and_link(
     monkeypatch.setattr(lat, "PROFILE_DIR", tmp_path)
     save_profile(h100, tmp_path / "h100-sxm-pcie5-x16-default.json")
     assert load_profile(None, "h100-sxm", "pcie5-x16") == h100  # only the estimate
-    measured = dataclasses.replace(h100, measured=True, mfu=0.61)
+    measured = dataclasses.replace(h100, measured=True, gemm_scale=1.07)
     save_profile(measured, tmp_path / "h100-sxm-measured.json")
     assert lat.shipped_profile_path("h100-sxm", "pcie5-x16").name == "h100-sxm-measured.json"
     assert load_profile(None, "h100-sxm", "pcie5-x16") == measured
@@ -137,8 +150,10 @@ def test_a_measured_profile_replaces_the_estimate_for_its_gpu_and_link(
 def test_shipped_pcie5_values(h100: Profile) -> None:
     assert h100.link("direct", "d2h") == LinkParams(3e-6, 53e9, 2.5e-6, 0.8)
     assert h100.link("direct", "h2d").beta_Bps == 50e9
-    assert h100.link("kernel", "h2d").gamma_s == 0
-    assert (h100.mfu, h100.decode_hbm_efficiency) == (0.5, 0.8)
+    assert h100.link("kernel", "h2d").gamma_s == 5e-7  # per batched-copy descriptor (C3)
+    assert (h100.gemm_scale, h100.decode_hbm_efficiency) == (1.0, 0.8)
+    assert (h100.prefill_forward_s, h100.decode_forward_s) == (1.5e-3, 2e-4)
+    assert (h100.request_s, h100.sampling_s) == (1e-4, 1e-4)
 
 
 def test_profile_round_trip(h100: Profile, tmp_path: Path) -> None:
@@ -170,13 +185,14 @@ def _write(tmp_path: Path, data: dict[str, Any]) -> Path:
         (lambda d: d["links"]["kernel"]["d2h"].update(alhpa_s=1), "links.kernel.d2h.alhpa_s"),
         (lambda d: d["links"].update(rdma={}), "links.rdma: unknown key"),
         (lambda d: d["links"]["direct"].update(both={}), "links.direct.both: unknown key"),
-        (lambda d: d["compute"].update(mfu2=0.5), "compute.mfu2: unknown key"),
-        (lambda d: d["compute"].pop("mfu"), "compute.mfu: missing"),
+        (lambda d: d["compute"].update(mfu=0.5), "compute.mfu: unknown key"),
+        (lambda d: d["compute"].pop("gemm_scale"), "compute.gemm_scale: missing"),
         (lambda d: d["links"]["direct"]["h2d"].pop("eta"), "links.direct.h2d.eta: missing"),
-        (lambda d: d["compute"].update(mfu=1.5), "compute.mfu must be in"),
-        (lambda d: d["compute"].update(mfu="high"), "compute.mfu: expected a finite number"),
+        (lambda d: d["compute"].update(gemm_scale=0), "compute.gemm_scale must be in"),
+        (lambda d: d["compute"].update(request_s=-1), "compute.request_s must be >= 0"),
+        (lambda d: d["compute"].update(sampling_s="x"), "compute.sampling_s: expected a finite"),
         (lambda d: d["links"]["kernel"]["h2d"].update(eta=2), "links.kernel.h2d.eta must be"),
-        (lambda d: d.update(version=2), "version: unsupported"),
+        (lambda d: d.update(version=3), "version: unsupported"),
         (lambda d: d.update(measured="no"), "measured"),
         (lambda d: d["provenance"].pop("source"), "provenance.source: missing"),
     ],
@@ -190,6 +206,30 @@ def test_profile_errors_name_the_file_and_key(
     with pytest.raises(ValueError, match=r"prof.json") as e:
         load_profile(path, "h100-sxm", "pcie5-x16")
     assert key in str(e.value)
+
+
+def test_a_version_1_profile_is_converted_on_read(h100: Profile, tmp_path: Path) -> None:
+    """Profiles written before the operator model (version 1: a roofline at a guessed MFU)
+    still load: their links as they were, their overheads as the per-pass ones, the rest from
+    the tables; the provenance says so."""
+    data = profile_to_dict(h100)
+    data["version"] = 1
+    data["compute"] = {
+        "mfu": 0.5,
+        "prefill_overhead_s": 0.002,
+        "attn_efficiency": 1.0,
+        "decode_hbm_efficiency": 0.7,
+        "decode_overhead_s": 0.003,
+    }
+    got = load_profile(_write(tmp_path, data), "h100-sxm", "pcie5-x16")
+    assert got.links == h100.links
+    assert (got.gemm_scale, got.decode_hbm_efficiency) == (1.0, 0.7)
+    assert (got.prefill_forward_s, got.decode_forward_s) == (0.002, 0.003)
+    assert (got.request_s, got.sampling_s) == (0.0, 0.0)
+    assert "version-1" in got.provenance["converted"]
+    data["compute"]["gemm_scale"] = 1.0  # a version-1 file with version-2 keys is an error
+    with pytest.raises(ValueError, match=r"compute.gemm_scale: unknown key"):
+        load_profile(_write(tmp_path, data), "h100-sxm", "pcie5-x16")
 
 
 def test_profile_file_problems(h100: Profile, tmp_path: Path) -> None:
@@ -208,96 +248,6 @@ def test_profile_file_problems(h100: Profile, tmp_path: Path) -> None:
         h100.link("rdma", "h2d")
     with pytest.raises(ValueError, match=r"unknown direction"):
         h100.link("kernel", "up")
-
-
-# --- compute -----------------------------------------------------------------------------------
-
-
-def test_prefill_flops_formula() -> None:
-    n, p = 100, 30
-    linear, attention = prefill_flops_split(L8, n, p)
-    assert linear == pytest.approx(2 * L8.body_active_params * n + 2 * 128_256 * 4096)
-    assert attention == pytest.approx(4 * 32 * 32 * 128 * (n * p + n * (n + 1) / 2))
-    assert prefill_flops(L8, n, p) == pytest.approx(linear + attention)
-    assert prefill_flops(L8, n, p, tp=4) == pytest.approx((linear + attention) / 4)
-    assert prefill_flops(L8, 0, 5000) == 0.0
-    with pytest.raises(ValueError):
-        prefill_flops(L8, -1, 0)
-
-
-@given(a=st.integers(1, 5000), b=st.integers(1, 5000), p=st.integers(0, 5000))
-def test_attention_flops_add_up_over_chunks(a: int, b: int, p: int) -> None:
-    # causal attention of one extend == the same tokens as two chunks (chunked prefill)
-    _, whole = prefill_flops_split(L8, a + b, p)
-    _, first = prefill_flops_split(L8, a, p)
-    _, second = prefill_flops_split(L8, b, p + a)
-    assert whole == pytest.approx(first + second, rel=1e-12)
-
-
-def test_mla_attention_uses_qk_and_v_dims() -> None:
-    ds = get_model("deepseek-v3")
-    _, attention = prefill_flops_split(ds, 10, 0)
-    assert attention == pytest.approx(2 * 61 * 128 * (192 + 128) * 55)
-
-
-# HARDWARE.md C6 (Mooncake eq. 1, MFU 0.5, H100); our model with the shipped h100 profile gives
-# 126.5 / 268.8 / 144.3 / 20.8 ms and 149.4 ms for 70B TP8 (Mooncake's a = 4 counts the full
-# attention square, ours is causal, so we are lower at long n and slightly higher at short n)
-C6 = [
-    ("llama-3-8b", 1, 4096, 0, 116e-3),
-    ("llama-3-8b", 1, 8192, 0, 267e-3),
-    ("llama-3-8b", 1, 4096, 4096, 151e-3),
-    ("llama-3-8b", 1, 512, 7680, 21e-3),
-    ("llama-3-70b", 8, 4096, 0, 133e-3),
-]
-
-
-@pytest.mark.parametrize(("name", "tp", "new", "cached", "c6"), C6)
-def test_prefill_time_close_to_c6(
-    h100: Profile, name: str, tp: int, new: int, cached: int, c6: float
-) -> None:
-    t = prefill_time(get_model(name), H100, h100, [(new, cached)], tp=tp)
-    assert t == pytest.approx(c6, rel=0.15)
-
-
-def test_prefix_hit_saves_prefill_time(h100: Profile) -> None:
-    cold = prefill_time(L8, H100, h100, [(8192, 0)])
-    warm = prefill_time(L8, H100, h100, [(4096, 4096)])
-    assert warm < 0.6 * cold
-
-
-def test_prefill_batch_sums_requests_and_pays_overhead_once(h100: Profile) -> None:
-    one = prefill_time(L8, H100, h100, [(4096, 0)]) - h100.prefill_overhead_s
-    two = prefill_time(L8, H100, h100, [(4096, 0), (4096, 0)]) - h100.prefill_overhead_s
-    assert two == pytest.approx(2 * one)
-    assert prefill_time(L8, H100, h100, []) == 0.0
-    assert layer_time(L8, H100, h100, [(4096, 0)]) == pytest.approx((one + 2e-3) / 32)
-
-
-def test_tiny_prefill_is_bounded_by_reading_the_weights(h100: Profile) -> None:
-    t = prefill_time(L8, H100, h100, [(64, 8000)])
-    floor = (weight_bytes_per_rank(L8) + 131_072 * 8064) / (3.35e12 * 0.8)
-    assert t == pytest.approx(floor + h100.prefill_overhead_s)
-
-
-def test_decode_step_is_memory_bound(h100: Profile) -> None:
-    kv = 32 * 2000
-    t = decode_step_time(L8, H100, h100, 32, kv)
-    expected = (16.06e9 + kv_bytes_per_token(L8) * kv) / (3.35e12 * 0.8) + 3e-3
-    assert t == pytest.approx(expected)
-    # more KV to read -> linearly longer
-    t2 = decode_step_time(L8, H100, h100, 32, 2 * kv)
-    assert t2 - t == pytest.approx(kv_bytes_per_token(L8) * kv / (3.35e12 * 0.8))
-    assert decode_step_time(L8, H100, h100, 0, 0) == 0.0
-
-
-def test_huge_decode_batch_becomes_compute_bound(h100: Profile) -> None:
-    b = 4096
-    t = decode_step_time(L8, H100, h100, b, b)
-    memory = (16.06e9 + 131_072 * b) / (3.35e12 * 0.8)
-    assert t - h100.decode_overhead_s > memory
-    compute = (b * prefill_flops_split(L8, 1, 0)[0] + 2 * 32 * 32 * 256 * b) / (989e12 * 0.5)
-    assert t == pytest.approx(compute + h100.decode_overhead_s)
 
 
 # --- layer pipeline ----------------------------------------------------------------------------

@@ -61,17 +61,24 @@ def test_same_config_gives_identical_results(tmp_path: Path) -> None:
 
 
 def test_copy_costs_are_the_profile_closed_form() -> None:
+    """Direct IO: page_first (the default layout) becomes page_first_direct, a copy per page,
+    layer and K/V; layer_first merges runs (a copy per run, layer and K/V)."""
     cfg = load_config(None, ["link.io_backend=direct"])
+    assert cfg.link.mem_layout == "page_first_direct"
     costs = build_costs(cfg)
     prof = load_profile(None, cfg.gpu.name, cfg.link.name)
     d2h, h2d = prof.link("direct", "d2h"), prof.link("direct", "h2d")
     layers = costs.num_layers
     nbytes = 64 * 131072 * 10
     assert costs.op_time("write", nbytes, 1) == pytest.approx(
-        d2h.alpha_s + layers * d2h.gamma_s + nbytes / d2h.beta_Bps
+        d2h.alpha_s + 2 * 10 * layers * d2h.gamma_s + nbytes / d2h.beta_Bps
     )
     assert costs.op_time("load", nbytes, 3) == pytest.approx(
-        layers * h2d.alpha_s + 3 * layers * h2d.gamma_s + nbytes / h2d.beta_Bps
+        layers * h2d.alpha_s + 2 * 10 * layers * h2d.gamma_s + nbytes / h2d.beta_Bps
+    )
+    lf = build_costs(load_config(None, ["link.io_backend=direct", "link.mem_layout=layer_first"]))
+    assert lf.op_time("load", nbytes, 3) == pytest.approx(
+        layers * h2d.alpha_s + 2 * 3 * layers * h2d.gamma_s + nbytes / h2d.beta_Bps
     )
     assert costs.bytes_per_page == 64 * 131072
 

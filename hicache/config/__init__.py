@@ -46,6 +46,7 @@ from hicache.config.sections import (
     WorkloadConfig,
     profile_mismatch,
     resolve_pools,
+    server_for,
 )
 
 __all__ = [
@@ -70,5 +71,6 @@ __all__ = [
     "load_config",
     "profile_mismatch",
     "resolve_pools",
+    "server_for",
     "with_overrides",
 ]

@@ -4,6 +4,7 @@ whole-run :class:`SimConfig`, validation and pool sizing (loading: :mod:`.loadin
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ from hicache import hardware
 from hicache.latency import shipped_profile_path, shipped_profiles
 from hicache.policy import STRATEGIES, WRITE_POLICIES, host_pool_tokens
 from hicache.profile import machine_mismatch
+from hicache.servers import DEFAULT_SERVER, ServerSpec, get_server, rank_link_share
 
 #: ``--hicache-io-backend`` values the simulator models (``kernel_ascend`` is NPU-only).
 IO_BACKENDS = ("kernel", "direct")
@@ -101,16 +103,25 @@ class ModelConfig:
 
     # the most common single-GPU HiCache target in SGLang's docs and benchmarks
     name: str = "llama-3-8b"
+    # "" = the preset model.name; else a Hugging Face config.json path (or a preset name): any
+    # dense GQA, MoE or MLA model; KV bytes, weights and FLOPs come from it
+    config: str = ""
     # one GPU: the simplest setup, and the host pool is sized per rank anyway
     tp: int = 1
 
     def __post_init__(self) -> None:
-        _preset("model.name", hardware.get_model, self.name)
+        where = "model.config" if self.config else "model.name"
+        _preset(where, hardware.get_model, self.config or self.name)
         _at_least("model.tp", self.tp, 1)
         try:
-            hardware.kv_bytes_per_token(hardware.get_model(self.name), self.tp)
+            hardware.kv_bytes_per_token(self.spec, self.tp)
         except ValueError as e:
             raise ConfigError("model.tp", str(e)) from None
+
+    @functools.cached_property
+    def spec(self) -> hardware.ModelSpec:
+        """The served model: ``model.config`` when set, else the preset ``model.name``."""
+        return hardware.get_model(self.config or self.name)
 
 
 @dataclass(frozen=True)
@@ -129,9 +140,14 @@ class GpuConfig:
     # 0 = derive from HBM (an estimate); set it to the max_total_num_tokens SGLang logs at
     # start-up for exact fidelity (recommended)
     device_tokens: int = 0
+    # the machine the GPUs sit in: how tensor-parallel ranks share PCIe uplinks and socket
+    # memory when they copy at once; "" = the GPU's usual server (dgx-h100 for h100-sxm)
+    server: str = ""
 
     def __post_init__(self) -> None:
         _preset("gpu.name", hardware.get_gpu, self.name)
+        if self.server:
+            _preset("gpu.server", get_server, self.server)
         _in_unit("gpu.mem_fraction", self.mem_fraction)
         _at_least("gpu.reserve_gb", self.reserve_gb, 0)
         _at_least("gpu.device_tokens", self.device_tokens, 0)
@@ -368,6 +384,10 @@ class SimConfig:
                 f"{self.link.name!r} (shipped: {', '.join(shipped_profiles())}); "
                 "set run.profile to a calibrated profile",
             )
+        try:
+            rank_link_share(server_for(self), 1.0, self.model.tp)
+        except ValueError as e:
+            raise ConfigError("model.tp", str(e)) from None
         problem = profile_mismatch(self)
         if problem and not self.run.allow_profile_mismatch:
             raise ConfigError(
@@ -377,6 +397,11 @@ class SimConfig:
                 "--allow-profile-mismatch (run.allow_profile_mismatch = true)",
             )
         resolve_pools(self)
+
+
+def server_for(cfg: SimConfig) -> ServerSpec:
+    """The server of ``cfg``: ``gpu.server``, or the GPU's usual one when that is ""."""
+    return get_server(cfg.gpu.server or DEFAULT_SERVER.get(cfg.gpu.name, "single"))
 
 
 def profile_mismatch(cfg: SimConfig) -> str | None:
@@ -408,7 +433,7 @@ def resolve_pools(cfg: SimConfig) -> tuple[int, int, int]:
     or GB, always one extra page, must exceed the device pool). Bytes are per rank. Raises
     :class:`ConfigError` when a pool cannot be sized.
     """
-    model = hardware.get_model(cfg.model.name)
+    model = cfg.model.spec
     tp = cfg.model.tp
     bpt = hardware.kv_bytes_per_token(model, tp)
     page = cfg.cache.page_size

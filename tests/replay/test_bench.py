@@ -220,7 +220,7 @@ def test_compute_rows_time_each_gemm_and_the_rate_weighs_them_as_a_layer() -> No
     compute_rows(cfg, CpuRuntime(), rows)
     df = pd.DataFrame(rows.rows, columns=list(COLUMNS))
     g = df[df.kind == "gemm"]
-    assert list(g.layout) == ["a", "a", "b", "b"]
+    assert list(g.layout) == ["a 8x16x32", "a 8x16x32", "b 8x32x16", "b 8x32x16"]
     assert set(g.flops) == {2.0 * 8 * 16 * 32}
     assert (df[df.kind == "hbm"]["bytes"] == 2 * 64 * KiB).all()
     # the rate is FLOPs over summed median times, not a median of per-GEMM rates

@@ -12,6 +12,7 @@ import pytest
 
 from hicache.latency import load_profile, save_profile
 from replay.bench import _DEFAULTS, COLUMNS
+from replay.bench_compute import gemm_label, parse_gemm_label
 from replay.calibrate import calibrate, fit_eta, fit_link, predict_ops
 
 MiB = 1 << 20
@@ -192,17 +193,26 @@ def test_cpu_profiles_are_marked_unmeasured(tmp_path: Path) -> None:
     assert loaded.measured is False
 
 
+def _gemm_row(label: str, seconds: float, repeat: int = 0) -> dict[str, object]:
+    return {
+        **{c: 0 for c in COLUMNS},
+        "kind": "gemm",
+        "backend": "gemm",
+        "layout": label,
+        "duration_s": seconds,
+        "repeat": repeat,
+    }
+
+
 def test_cuda_profiles_are_measured_and_fit_compute() -> None:
-    df = synthetic_bench()
+    from hicache.forward import compute_models_for
+    from hicache.hardware import get_gpu
+
+    gemm, _, _ = compute_models_for(get_gpu("h200"))
+    predicted = gemm.time(4096, 4096, 4096)
     extra = pd.DataFrame(
         [
-            {
-                **{c: 0 for c in COLUMNS},
-                "kind": "gemm",
-                "backend": "gemm",
-                "flops": 2 * 4096**3 * 4,
-                "duration_s": 2 * 4096**3 * 4 / 600e12,
-            },
+            _gemm_row(gemm_label("x", 4096, 4096, 4096), 1.25 * predicted),
             {
                 **{c: 0 for c in COLUMNS},
                 "kind": "hbm",
@@ -213,43 +223,49 @@ def test_cuda_profiles_are_measured_and_fit_compute() -> None:
         ]
     )
     cal = calibrate(
-        pd.concat([df, extra], ignore_index=True), _meta("cuda"), gpu="h200", link="pcie5-x16"
-    )
-    assert cal.profile.measured is True
-    assert cal.profile.mfu == pytest.approx(600 / 989, rel=1e-6)
-    assert cal.profile.decode_hbm_efficiency == pytest.approx(4.0 / 4.8, rel=1e-6)
-    assert "mfu" in cal.profile.provenance["compute"]
-    assert cal.profile.provenance["machine_gpu_name"] == "NVIDIA H200"
-
-
-def test_mfu_weighs_a_layer_s_gemms_by_their_time() -> None:
-    """A layer's big MLP GEMM runs near peak and its small O projection far below: the layer
-    runs at total FLOPs over total time, which a median of per-GEMM rates would overstate."""
-    gemms = [("gate_up", 8e12, 800e12), ("o", 1e12, 200e12)]
-    extra = pd.DataFrame(
-        [
-            {
-                **{c: 0 for c in COLUMNS},
-                "kind": "gemm",
-                "backend": "gemm",
-                "layout": name,
-                "flops": flops,
-                "duration_s": flops / rate,
-                "repeat": r,
-            }
-            for name, flops, rate in gemms
-            for r in range(3)
-        ]
-    )
-    cal = calibrate(
         pd.concat([synthetic_bench(), extra], ignore_index=True),
         _meta("cuda"),
         gpu="h200",
         link="pcie5-x16",
     )
-    layer_rate = 9e12 / (8e12 / 800e12 + 1e12 / 200e12)  # 600 TFLOP/s
-    assert cal.profile.mfu == pytest.approx(layer_rate / 989e12, rel=1e-6)
-    assert "gate_up, o" in cal.profile.provenance["compute"]
+    assert cal.profile.measured is True
+    assert cal.profile.gemm_scale == pytest.approx(1.25, rel=1e-9)
+    assert cal.profile.decode_hbm_efficiency == pytest.approx(4.0 / 4.8, rel=1e-6)
+    assert "gemm_scale 1.250" in cal.profile.provenance["compute"]
+    assert cal.profile.provenance["machine_gpu_name"] == "NVIDIA H200"
+
+
+def test_gemm_scale_weighs_a_layer_s_gemms_by_their_time() -> None:
+    """gemm_scale is a layer's measured GEMM time over its predicted time (medians per shape),
+    so the big MLP GEMM weighs in as it does in a layer; rows without a shape leave the
+    base profile's value."""
+    from hicache.forward import compute_models_for
+    from hicache.hardware import get_gpu
+
+    gemm, _, _ = compute_models_for(get_gpu("h200"))
+    big, small = (4096, 28672, 4096), (4096, 4096, 4096)
+    rows = [
+        _gemm_row(gemm_label("gate_up", *big), f * gemm.time(*big), r)
+        for r, f in enumerate((1.0, 1.1, 1.2))
+    ] + [_gemm_row(gemm_label("o", *small), 2.0 * gemm.time(*small), r) for r in range(3)]
+    cal = calibrate(
+        pd.concat([synthetic_bench(), pd.DataFrame(rows)], ignore_index=True),
+        _meta("cuda"),
+        gpu="h200",
+        link="pcie5-x16",
+    )
+    want = (1.1 * gemm.time(*big) + 2.0 * gemm.time(*small)) / (gemm.time(*big) + gemm.time(*small))
+    assert cal.profile.gemm_scale == pytest.approx(want, rel=1e-9)
+    assert parse_gemm_label(gemm_label("qkv", 7, 9, 11)) == (7, 9, 11)
+    assert parse_gemm_label("qkv") is None
+    unshaped = pd.DataFrame([_gemm_row("qkv", 1.0)])
+    cal = calibrate(
+        pd.concat([synthetic_bench(), unshaped], ignore_index=True),
+        _meta("cuda"),
+        gpu="h200",
+        link="pcie5-x16",
+    )
+    assert cal.profile.gemm_scale == 1.0
 
 
 def test_replay_ops_join_the_fit() -> None:

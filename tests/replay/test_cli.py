@@ -104,8 +104,9 @@ def test_calibrate_then_run_with_the_profile(
     cfg = load_config(None, [f"run.profile={prof}", "run.allow_profile_mismatch=true"])
     costs = build_costs(cfg)
     link = p.link("kernel", "d2h")
-    assert costs.op_time("write", 1 << 20, 1) == pytest.approx(
-        link.alpha_s + 32 * link.gamma_s + (1 << 20) / link.beta_Bps
+    pages = (1 << 20) // costs.bytes_per_page  # kernel + page_first: one batched copy per page
+    assert costs.op_time("write", pages * costs.bytes_per_page, 1) == pytest.approx(
+        link.alpha_s + 2 * pages * link.gamma_s + pages * costs.bytes_per_page / link.beta_Bps
     )
     assert "prediction" in capsys.readouterr().out
 

@@ -5,8 +5,6 @@ toy model whose every term is computable by hand."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import pytest
 import simpy
@@ -246,81 +244,3 @@ def test_engine_link_jobs_are_charged_exactly_the_rule() -> None:
         ]
         want = [(n, r, pytest.approx(t)) for n, r, t in expected[direction]]
         assert got == want  # type: ignore[comparison-overlap]
-
-
-# -------------------------------------------------------------------- the compute model --
-# A toy model, GPU and profile with round numbers, so that every roofline term is computable
-# by hand (hicache.latency.prefill_time / decode_step_time / layer_time, with tp = 2).
-#   2 layers, 2 KV heads of dim 4 (K and V), bf16 KV: 2 * 2 * 2 * 4 * 2 = 64 KV bytes per token
-#   (32 per rank at tp 2); 1000 params of 2 bytes: 2000 weight bytes (1000 per rank); tied
-#   embeddings 10 x 4 = 40 params: 960 body params.
-#   linear FLOPs(n new) = 2 * 960 * n + 2 * 10 * 4 = 1920 n + 80
-#   attention FLOPs(n new, p cached) = 2 * 2 layers * 2 heads * (4 + 4) * (n p + n (n + 1) / 2)
-#                                    = 64 (n p + n (n + 1) / 2)
-#   GPU: 1000 FLOP/s peak, HBM 1000 B/s (or 100 B/s: memory-bound); profile: mfu 0.5,
-#   attn_efficiency 0.5, decode_hbm_efficiency 0.5, overheads 0.1 s (prefill), 0.2 s (decode):
-#   FLOP rate 500 (attention 250), HBM 500 B/s (or 50 B/s).
-
-
-def toy() -> tuple[Any, Any, Any, Any]:
-    from hicache.hardware import GpuSpec, ModelSpec
-    from hicache.latency import Profile
-
-    model = ModelSpec(
-        name="toy", num_layers=2, num_kv_heads=2, head_dim=4, v_head_dim=4, dtype_bytes=2,
-        params=1000, active_params=1000, hidden_size=4, num_attention_heads=2, vocab_size=10,
-        tie_word_embeddings=True, weight_dtype_bytes=2,
-    )  # fmt: skip
-    fast = GpuSpec("toy", 1e9, 1000.0, 1000.0, "toy-link")
-    slow = GpuSpec("toy-slow-hbm", 1e9, 100.0, 1000.0, "toy-link")
-    lp = LinkParams(1e-6, 1e9)
-    prof = Profile(
-        gpu="toy", link_name="toy-link",
-        links={b: {d: lp for d in ("d2h", "h2d")} for b in ("kernel", "direct")},
-        mfu=0.5, prefill_overhead_s=0.1, attn_efficiency=0.5, decode_hbm_efficiency=0.5,
-        decode_overhead_s=0.2,
-    )  # fmt: skip
-    return model, fast, slow, prof
-
-
-def test_prefill_flops_split_by_hand() -> None:
-    from hicache.latency import prefill_flops, prefill_flops_split
-
-    model, *_ = toy()
-    # n = 2 on p = 3: linear 1920 * 2 + 80 = 3920; attention 64 * (6 + 3) = 576; / tp 2
-    assert prefill_flops_split(model, 2, 3, 2) == pytest.approx((1960.0, 288.0))
-    assert prefill_flops(model, 2, 3) == pytest.approx(3920 + 576)
-    assert prefill_flops_split(model, 0, 5) == (0.0, 0.0)
-    with pytest.raises(ValueError, match=r"token counts must be >= 0, got new=-1 cached=0"):
-        prefill_flops_split(model, -1, 0)
-    with pytest.raises(ValueError, match=r"tp must be >= 1, got 0"):
-        prefill_flops_split(model, 1, 0, 0)
-
-
-def test_prefill_time_roofline_by_hand() -> None:
-    from hicache.latency import layer_time, prefill_time
-
-    model, fast, slow, prof = toy()
-    reqs = [(2, 3), (1, 0)]
-    # tp 2. linear 1960 + (1920 + 80) / 2 = 2960; attention 288 + 64 * 1 / 2 = 320
-    # compute: 2960 / 500 + 320 / 250 = 5.92 + 1.28 = 7.2
-    # memory: weights 1000 + KV 32 B * (5 + 1) tokens = 1192 B: 2.384 s at 500 B/s, 23.84 at 50
-    assert prefill_time(model, fast, prof, reqs, 2) == pytest.approx(7.2 + 0.1)
-    assert prefill_time(model, slow, prof, reqs, 2) == pytest.approx(23.84 + 0.1)
-    assert layer_time(model, fast, prof, reqs, 2) == pytest.approx(7.3 / 2)
-    assert prefill_time(model, fast, prof, []) == 0.0
-
-
-def test_decode_step_time_roofline_by_hand() -> None:
-    from hicache.latency import decode_step_time
-
-    model, fast, slow, prof = toy()
-    # batch 3 holding 10 KV tokens, tp 2. memory: 1000 + 32 * 10 = 1320 B: 2.64 s at 500 B/s,
-    # 26.4 s at 50 B/s. compute: 3 requests * one token's linear FLOPs (2000 / 2 = 1000) / 500
-    # + attention 64 * 10 / 2 = 320 / 250 -> 6 + 1.28 = 7.28
-    assert decode_step_time(model, fast, prof, 3, 10, 2) == pytest.approx(7.28 + 0.2)
-    assert decode_step_time(model, slow, prof, 3, 10, 2) == pytest.approx(26.4 + 0.2)
-    assert decode_step_time(model, fast, prof, 0, 10) == 0.0
-    for bs, kv in [(-1, 5), (5, -1)]:
-        with pytest.raises(ValueError, match=rf"must be >= 0, got {bs}, {kv}"):
-            decode_step_time(model, fast, prof, bs, kv)

@@ -1,0 +1,329 @@
+"""One forward pass of any model on one tensor-parallel rank: prefill and decode, op by op.
+
+The operator times come from :mod:`hicache.compute` (GEMMs and memory-bound ops fitted to
+measured H100 tables, FA3 attention efficiency, NCCL all-reduce); this module says which ops a
+model runs (from its :class:`~hicache.models.ModelSpec`, i.e. its HF ``config.json``) and adds
+the host-side overheads of the latency :class:`~hicache.profile.Profile`.
+
+Per layer and rank, for ``T`` tokens in the pass:
+
+* **attention projections**: GQA/MHA: norm, fused QKV GEMM, RoPE, output GEMM (KV heads are
+  split by ``tp`` and replicated once ``tp`` exceeds them, as SGLang does). MLA (DeepSeek):
+  the latent down-projections (replicated, ``hidden -> q_lora_rank + kv_lora_rank + rope``),
+  the query and KV up-projections (column-parallel) and the output GEMM; **[model]** the KV
+  up-projection is charged for the new tokens only (SGLang's prefill also expands the cached
+  prefix's latents, which this ignores).
+* **MLP**: dense: up (gate+up when gated), activation, down, width split by ``tp``. MoE: the
+  router GEMM, then the experts as separate GEMM pairs: **[model]** with uniform routing,
+  ``T`` tokens x ``k`` experts each hit ``E * (1 - (1 - k/E)^T)`` distinct experts on
+  average, each with ``T k / hit`` tokens; expert width split by ``tp`` (SGLang's default
+  tensor-parallel MoE, no expert parallelism); plus the shared experts as a dense MLP. At
+  decode batch 1 this reads only the ``k`` active experts' weights; at large batches all of
+  them.
+* **attention kernel**: prefill: causal FA3 per request over its cached prefix
+  (:func:`hicache.compute.prefill_attention_time`); decode: reading every request's KV at
+  ``hbm_bw * decode_hbm_efficiency`` plus the kernel's fixed cost.
+* **all-reduce**: two per layer under TP (after attention and after the MLP), of ``T x
+  hidden`` 16-bit activations.
+
+Outside the layers: the embedding gather and the LM head for one position per request
+(SGLang computes logits only for the last token of an extend). Overheads: ``prefill_forward_s``
+or ``decode_forward_s`` per pass, ``request_s`` per request of a prefill batch, ``sampling_s``
+per pass. ``gemm_scale`` scales the GEMM and memory-bound ops.
+
+Standard library only (the fitted models are plain floats).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from hicache.compute import (
+    AllReduceModel,
+    AttentionModel,
+    GemmModel,
+    LayerOp,
+    load_compute,
+    prefill_attention_time,
+)
+from hicache.compute.gemm import GEMM_DTYPE_BYTES
+from hicache.compute.layer import mlp_ops, op_time
+from hicache.hardware import GpuSpec, get_gpu
+from hicache.models import ModelSpec, kv_bytes_per_token
+from hicache.profile import Profile
+
+#: the GPU whose measured tables the compute models were fitted to
+TABLE_GPU = "h100-sxm"
+#: bytes per activation element (16-bit) for norms, all-reduce and the embedding gather
+ACT_BYTES = 2
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """Seconds of one forward pass on one rank, by part. ``linear_s``: all layers' non-attention
+    ops (norms, projections, RoPE, MLP or experts, activation, residual adds); ``attention_s``:
+    the attention kernels; ``allreduce_s``: the tensor-parallel all-reduces; ``lm_head_s``: the
+    embedding gather and the LM head; ``overhead_s``: the host-side fixed costs."""
+
+    layers: int
+    linear_s: float
+    attention_s: float
+    allreduce_s: float
+    lm_head_s: float
+    overhead_s: float
+
+    @property
+    def total_s(self) -> float:
+        return (
+            self.linear_s + self.attention_s + self.allreduce_s + self.lm_head_s + self.overhead_s
+        )
+
+    def as_dict(self) -> dict[str, float]:
+        """The parts and ``total_s``, JSON-ready."""
+        return {
+            "layers": self.layers,
+            "linear_s": self.linear_s,
+            "attention_s": self.attention_s,
+            "allreduce_s": self.allreduce_s,
+            "lm_head_s": self.lm_head_s,
+            "overhead_s": self.overhead_s,
+            "total_s": self.total_s,
+        }
+
+
+class Op(NamedTuple):
+    """One op of a layer on a rank. ``groups`` > 1: a grouped GEMM (SGLang's fused MoE kernel)
+    multiplying ``m`` rows in all through ``groups`` different ``k x n`` weight matrices (the
+    experts hit), in one launch."""
+
+    op: LayerOp
+    groups: float = 1.0
+
+
+def _g(name: str, m: float, n: int, k: int, groups: float = 1.0) -> Op:
+    return Op(LayerOp(name, m, n, k, 0), groups)
+
+
+def grouped_gemm_time(gemm: GemmModel, groups: float, m: float, n: int, k: int) -> float:
+    """Seconds of a grouped GEMM: ``m`` rows in all over ``groups`` weight matrices ``k x n``.
+
+    **[model]** :meth:`GemmModel.time`'s form with the work of ``groups`` GEMMs and one launch:
+    the FLOPs of ``m x k x n`` plus a tile overhead per group, and the bytes of every group's
+    weights plus the activations. One group is exactly ``gemm.time(m, n, k)``.
+    """
+    if m <= 0 or groups <= 0:
+        return 0.0
+    t_flop = 2.0 * k * (m * n + groups * gemm.tile_overhead) / gemm.peak_flops
+    t_mem = GEMM_DTYPE_BYTES * (groups * k * n + m * k + m * n) / gemm.hbm_Bps
+    return gemm.launch_s + math.hypot(t_flop, t_mem)
+
+
+def _e(name: str, nbytes: float) -> Op:
+    return Op(LayerOp(name, 0, 0, 0, nbytes))
+
+
+def attention_projection_ops(model: ModelSpec, tp: int, t: int) -> list[Op]:
+    """The input norm and the attention projections of one layer for ``t`` tokens on a rank."""
+    h, b = model.hidden_size, ACT_BYTES
+    heads = model.num_attention_heads // tp
+    ops = [_e("input_layernorm", 2 * t * h * b)]
+    if model.mla:
+        rope, nope, v = model.qk_rope_head_dim, model.qk_nope_head_dim, model.v_head_dim
+        latent = model.kv_lora_rank + rope
+        if model.q_lora_rank:
+            ops.append(_g("attn_a_proj", t, model.q_lora_rank + latent, h))
+            ops.append(_g("attn_q_b_proj", t, heads * (nope + rope), model.q_lora_rank))
+        else:
+            ops.append(_g("attn_kv_a_proj", t, latent, h))
+            ops.append(_g("attn_q_proj", t, heads * (nope + rope), h))
+        ops.append(_g("attn_kv_b_proj", t, heads * (nope + v), model.kv_lora_rank))
+        ops.append(_e("attn_rope", 2 * t * (heads + 1) * rope * b))
+        ops.append(_g("attn_post_proj", t, h, heads * v))
+        return ops
+    kv = max(1, model.num_kv_heads // tp)  # replicated once tp exceeds the KV heads
+    hd = model.head_dim
+    ops.append(_g("attn_pre_proj", t, (heads + 2 * kv) * hd, h))
+    ops.append(_e("attn_rope", 2 * t * (heads + kv) * hd * b))
+    ops.append(_g("attn_post_proj", t, h, heads * model.v_head_dim))
+    return ops
+
+
+def expected_experts_hit(experts: int, top_k: int, tokens: float) -> float:
+    """Expected number of distinct experts ``tokens`` tokens route to, ``top_k`` each, when
+    every expert is equally likely: ``E * (1 - (1 - k/E)^T)`` (**[model]**: real routers are
+    skewed, which hits fewer experts)."""
+    if tokens <= 0:
+        return 0.0
+    return experts * (1.0 - float((1.0 - top_k / experts) ** tokens))
+
+
+def mlp_block_ops(model: ModelSpec, tp: int, t: int, moe: bool) -> list[Op]:
+    """The post-attention norm, the MLP (dense or MoE) and the residual add for ``t`` tokens."""
+    h, b, gated = model.hidden_size, ACT_BYTES, model.gated_mlp
+    ops = [_e("post_attention_layernorm", 2 * t * h * b)]
+    if not moe:
+        ops += [Op(o) for o in mlp_ops(h, model.intermediate_size // tp, gated, t, b)]
+    else:
+        e, k = model.num_experts, model.experts_per_token
+        ops.append(_g("moe_router", t, e, h))
+        hit = expected_experts_hit(e, k, t)
+        width = model.expert_intermediate_size // tp
+        for o in mlp_ops(h, width, gated, t * k, b):  # t*k routed rows over `hit` experts
+            ops.append(Op(o._replace(name=f"expert_{o.name}"), 1.0 if o.nbytes else hit))
+        if model.shared_expert_intermediate_size:
+            shared = model.shared_expert_intermediate_size // tp
+            for o in mlp_ops(h, shared, gated, t, b):
+                ops.append(Op(o._replace(name=f"shared_{o.name}")))
+    ops.append(_e("add", 3 * t * h * b))
+    return ops
+
+
+def layer_ops(model: ModelSpec, tp: int, t: int, moe: bool) -> list[Op]:
+    """Every linear op of one (dense or MoE) layer for ``t`` tokens on one rank."""
+    return attention_projection_ops(model, tp, t) + mlp_block_ops(model, tp, t, moe)
+
+
+@dataclass
+class ForwardModel:
+    """Prefill and decode passes of ``model`` at tensor parallelism ``tp`` on ``gpu``.
+
+    Built by :func:`forward_model`. The per-token-count linear times are memoized (a simulation
+    asks for the same batch sizes again and again).
+    """
+
+    model: ModelSpec
+    tp: int
+    gpu: GpuSpec
+    gemm: GemmModel
+    attention: AttentionModel
+    all_reduce: AllReduceModel
+    profile: Profile
+    _linear_memo: dict[int, float] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        m, tp = self.model, self.tp
+        if m.num_attention_heads % tp:
+            raise ValueError(
+                f"tp={tp} does not split {m.name}'s {m.num_attention_heads} attention heads"
+            )
+        self._kv_layer_bytes = kv_bytes_per_token(m, tp) / m.num_layers
+        self._heads = m.num_attention_heads // tp
+        self._qk_dim = m.head_dim
+        if tp > 1:
+            self.all_reduce.time(1.0, tp)  # an unmeasured worker count fails here, not mid-run
+
+    # --- parts ------------------------------------------------------------------------------
+    def _ops_time(self, ops: Sequence[Op]) -> float:
+        total = 0.0
+        for o in ops:
+            if o.groups == 1.0:
+                total += op_time(self.gemm, o.op)
+            else:
+                total += grouped_gemm_time(self.gemm, o.groups, o.op.m, o.op.n, o.op.k)
+        return total
+
+    def linear_s(self, tokens: int) -> float:
+        """All layers' non-attention ops for a pass of ``tokens`` tokens (``gemm_scale``d)."""
+        got = self._linear_memo.get(tokens)
+        if got is None:
+            m = self.model
+            dense = (
+                self._ops_time(layer_ops(m, self.tp, tokens, moe=False)) if m.dense_layers else 0.0
+            )
+            moe = self._ops_time(layer_ops(m, self.tp, tokens, moe=True)) if m.moe_layers else 0.0
+            got = (m.dense_layers * dense + m.moe_layers * moe) * self.profile.gemm_scale
+            self._linear_memo[tokens] = got
+        return got
+
+    def allreduce_s(self, tokens: int) -> float:
+        """The two all-reduces per layer of ``tokens`` tokens' activations (0 at ``tp`` 1)."""
+        if self.tp == 1 or tokens <= 0:
+            return 0.0
+        nbytes = tokens * self.model.hidden_size * ACT_BYTES
+        return 2 * self.model.num_layers * self.all_reduce.time(nbytes, self.tp)
+
+    def lm_head_s(self, tokens: int, positions: int) -> float:
+        """The embedding gather of ``tokens`` tokens and the LM head for ``positions`` rows."""
+        m = self.model
+        gather = self.gemm.elementwise_time(2 * tokens * m.hidden_size * ACT_BYTES)
+        head = self.gemm.time(positions, math.ceil(m.vocab_size / self.tp), m.hidden_size)
+        return (gather + head) * self.profile.gemm_scale
+
+    # --- passes -----------------------------------------------------------------------------
+    def prefill(self, reqs: Sequence[tuple[int, int]]) -> Breakdown:
+        """One prefill pass; ``reqs`` holds ``(new_tokens, cached_tokens)`` per request."""
+        live = [(n, c) for n, c in reqs if n > 0]
+        if not live:
+            return Breakdown(self.model.num_layers, 0.0, 0.0, 0.0, 0.0, 0.0)
+        t = sum(n for n, _ in live)
+        att = self.attention
+        attention = self.model.num_layers * sum(
+            prefill_attention_time(n, c, self._heads, self._qk_dim, self.model.v_head_dim, att)
+            for n, c in live
+        )
+        p = self.profile
+        overhead = p.prefill_forward_s + p.request_s * len(live) + p.sampling_s
+        return Breakdown(
+            self.model.num_layers,
+            self.linear_s(t),
+            attention,
+            self.allreduce_s(t),
+            self.lm_head_s(t, len(live)),
+            overhead,
+        )
+
+    def decode(self, batch: int, kv_tokens: int) -> Breakdown:
+        """One decode step of ``batch`` requests holding ``kv_tokens`` KV tokens between them
+        (each reads its whole KV once). Linear in ``kv_tokens`` for a given ``batch``."""
+        if batch <= 0:
+            return Breakdown(self.model.num_layers, 0.0, 0.0, 0.0, 0.0, 0.0)
+        layers = self.model.num_layers
+        bw = self.gpu.hbm_bw * self.profile.decode_hbm_efficiency
+        attention = layers * (self.attention.floor_s + kv_tokens * self._kv_layer_bytes / bw)
+        p = self.profile
+        return Breakdown(
+            layers,
+            self.linear_s(batch),
+            attention,
+            self.allreduce_s(batch),
+            self.lm_head_s(batch, batch),
+            p.decode_forward_s + p.sampling_s,
+        )
+
+    def prefill_time(self, reqs: Sequence[tuple[int, int]]) -> float:
+        return self.prefill(reqs).total_s
+
+    def decode_time(self, batch: int, kv_tokens: int) -> float:
+        return self.decode(batch, kv_tokens).total_s
+
+
+def compute_models_for(gpu: GpuSpec) -> tuple[GemmModel, AttentionModel, AllReduceModel]:
+    """The operator models of ``gpu``: those fitted to the H100 SXM tables (:data:`TABLE_GPU`),
+    scaled for another GPU **[model]**: FLOP rates by its dense 16-bit peak over the H100's,
+    bandwidths by its HBM bandwidth over the H100's; the all-reduce keeps the DGX H100
+    (NVSwitch) figures."""
+    ref = get_gpu(TABLE_GPU)
+    comp = load_compute(TABLE_GPU)
+    gemm, attention = comp.gemm, comp.attention
+    if gpu.name != TABLE_GPU:
+        peak, bw = gpu.peak_flops_bf16 / ref.peak_flops_bf16, gpu.hbm_bw / ref.hbm_bw
+        gemm, attention = gemm.scaled(peak, bw), attention.scaled(peak)
+    return gemm, attention, comp.all_reduce
+
+
+def forward_model(model: ModelSpec, gpu: GpuSpec | str, tp: int, profile: Profile) -> ForwardModel:
+    """The forward model of ``model`` on ``gpu`` at ``tp``, with ``profile``'s overheads and
+    ``gemm_scale`` (:func:`compute_models_for` says where the operator times come from).
+
+    **[model]** A model served with 8-bit weights (``weight_dtype_bytes`` 1, e.g. DeepSeek-V3's
+    FP8 checkpoint) runs its GEMMs at twice the 16-bit FLOP rate and bandwidth (Hopper's FP8
+    peak is twice its bf16 peak, and the weights are half the bytes).
+    """
+    g = get_gpu(gpu) if isinstance(gpu, str) else gpu
+    gemm, attention, all_reduce = compute_models_for(g)
+    if model.weight_dtype_bytes <= 1:
+        gemm = gemm.scaled(2.0, 2.0)
+    return ForwardModel(model, tp, g, gemm, attention, all_reduce, profile)
