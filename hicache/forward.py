@@ -29,7 +29,8 @@ Per layer and rank, for ``T`` tokens in the pass:
 Outside the layers: the embedding gather and the LM head for one position per request
 (SGLang computes logits only for the last token of an extend). Overheads: ``prefill_forward_s``
 or ``decode_forward_s`` per pass, ``request_s`` per request of a prefill batch, ``sampling_s``
-per pass. ``gemm_scale`` scales the GEMM and memory-bound ops.
+per pass, and under TP with a host tier two ``hicache_check_s`` per pass. ``gemm_scale``
+scales the GEMM and memory-bound ops.
 
 Standard library only (the fitted models are plain floats).
 """
@@ -201,6 +202,8 @@ class ForwardModel:
     attention: AttentionModel
     all_reduce: AllReduceModel
     profile: Profile
+    #: host-side seconds added to every pass (build_costs: the HiCache completion checks)
+    per_pass_s: float = 0.0
     _linear_memo: dict[int, float] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -265,7 +268,7 @@ class ForwardModel:
             for n, c in live
         )
         p = self.profile
-        overhead = p.prefill_forward_s + p.request_s * len(live) + p.sampling_s
+        overhead = p.prefill_forward_s + p.request_s * len(live) + p.sampling_s + self.per_pass_s
         return Breakdown(
             self.model.num_layers,
             self.linear_s(t),
@@ -290,7 +293,7 @@ class ForwardModel:
             attention,
             self.allreduce_s(batch),
             self.lm_head_s(batch, batch),
-            p.decode_forward_s + p.sampling_s,
+            p.decode_forward_s + p.sampling_s + self.per_pass_s,
         )
 
     def prefill_time(self, reqs: Sequence[tuple[int, int]]) -> float:
@@ -314,9 +317,13 @@ def compute_models_for(gpu: GpuSpec) -> tuple[GemmModel, AttentionModel, AllRedu
     return gemm, attention, comp.all_reduce
 
 
-def forward_model(model: ModelSpec, gpu: GpuSpec | str, tp: int, profile: Profile) -> ForwardModel:
+def forward_model(
+    model: ModelSpec, gpu: GpuSpec | str, tp: int, profile: Profile, host_tier: bool = False
+) -> ForwardModel:
     """The forward model of ``model`` on ``gpu`` at ``tp``, with ``profile``'s overheads and
-    ``gemm_scale`` (:func:`compute_models_for` says where the operator times come from).
+    ``gemm_scale`` (:func:`compute_models_for` says where the operator times come from). With
+    a ``host_tier`` and ``tp > 1`` every pass also pays SGLang's two HiCache completion checks
+    (``2 * hicache_check_s``: a CPU all-reduce over the ranks each).
 
     **[model]** A model served with 8-bit weights (``weight_dtype_bytes`` 1, e.g. DeepSeek-V3's
     FP8 checkpoint) runs its GEMMs at twice the 16-bit FLOP rate and bandwidth (Hopper's FP8
@@ -326,4 +333,5 @@ def forward_model(model: ModelSpec, gpu: GpuSpec | str, tp: int, profile: Profil
     gemm, attention, all_reduce = compute_models_for(g)
     if model.weight_dtype_bytes <= 1:
         gemm = gemm.scaled(2.0, 2.0)
-    return ForwardModel(model, tp, g, gemm, attention, all_reduce, profile)
+    checks = 2 * profile.hicache_check_s if host_tier and tp > 1 else 0.0
+    return ForwardModel(model, tp, g, gemm, attention, all_reduce, profile, checks)

@@ -74,7 +74,10 @@ class Profile:
     * overheads, seconds: ``prefill_forward_s`` per prefill forward pass (host-side launch and
       input preparation of an eager forward), ``decode_forward_s`` per decode step (a CUDA-graph
       replay), ``request_s`` per request in a batch (scheduling, prefix match, input
-      preparation), ``sampling_s`` per batch (logits to tokens, the host sync).
+      preparation), ``sampling_s`` per batch (logits to tokens, the host sync),
+      ``hicache_check_s`` per HiCache completion check under tensor parallelism (a CPU
+      all-reduce over the ranks; SGLang runs two per scheduler iteration, for writes and
+      loads, only when ``tp > 1`` and the host tier is on).
 
     ``measured`` is True only for a profile fitted to measurements (replay calibration);
     ``provenance`` says where the numbers come from (``source`` at least; usually ``date`` and
@@ -90,6 +93,7 @@ class Profile:
     decode_forward_s: float
     request_s: float
     sampling_s: float
+    hicache_check_s: float = 0.0
     measured: bool = False
     provenance: dict[str, str] = field(default_factory=dict, hash=False)
 
@@ -127,7 +131,13 @@ class Profile:
 
 _LINK_KEYS = ("alpha_s", "beta_Bps", "gamma_s", "eta")
 #: the fixed host-side costs of a forward pass, per pass, per request and per batch (seconds)
-OVERHEAD_KEYS = ("prefill_forward_s", "decode_forward_s", "request_s", "sampling_s")
+OVERHEAD_KEYS = (
+    "prefill_forward_s",
+    "decode_forward_s",
+    "request_s",
+    "sampling_s",
+    "hicache_check_s",
+)
 #: the compute constants of a profile (a CUDA bench measures gemm_scale and
 #: decode_hbm_efficiency)
 COMPUTE_KEYS = ("gemm_scale", "decode_hbm_efficiency", *OVERHEAD_KEYS)
@@ -243,7 +253,7 @@ def profile_from_dict(data: Mapping[str, Any], source: str = "<profile>") -> Pro
 V1_NOTE = (
     "read from a version-1 profile: links kept; mfu and attn_efficiency dropped (compute now "
     "comes from the measured operator tables, gemm_scale 1); prefill/decode_overhead_s kept as "
-    "prefill/decode_forward_s; request_s and sampling_s 0"
+    "prefill/decode_forward_s; request_s, sampling_s and hicache_check_s 0"
 )
 
 
@@ -256,6 +266,7 @@ def _compute_from_v1(v1: Mapping[str, float]) -> dict[str, float]:
         "decode_forward_s": v1["decode_overhead_s"],
         "request_s": 0.0,
         "sampling_s": 0.0,
+        "hicache_check_s": 0.0,
     }
 
 

@@ -21,6 +21,7 @@ import re
 import shlex
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from hicache.hardware import MODELS
@@ -171,6 +172,14 @@ MODEL_IDS: dict[str, str] = {
     "qwen3-32b": "Qwen/Qwen3-32B",
     "qwen3-235b-a22b": "Qwen/Qwen3-235B-A22B",
     "deepseek-v3": "deepseek-ai/DeepSeek-V3",
+    "llama-2-7b": "meta-llama/Llama-2-7b-hf",
+    "llama-2-70b": "meta-llama/Llama-2-70b-hf",
+    "codellama-34b": "codellama/CodeLlama-34b-Instruct-hf",
+    "phi-2": "microsoft/phi-2",
+    "mixtral-8x7b": "mistralai/Mixtral-8x7B-Instruct-v0.1",
+    "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B",
+    "qwen2.5-7b": "Qwen/Qwen2.5-7B-Instruct",
+    "qwen2.5-72b": "Qwen/Qwen2.5-72B-Instruct",
 }
 
 # (pattern on the normalised last path component, preset); first match wins. Llama 3.1/3.3
@@ -182,6 +191,14 @@ _MODEL_PATTERNS = (
     (r"^qwen3-32b", "qwen3-32b"),
     (r"^qwen3-8b", "qwen3-8b"),
     (r"^deepseek-(v3|r1)", "deepseek-v3"),
+    (r"^llama-?2-7b", "llama-2-7b"),
+    (r"^llama-?2-70b", "llama-2-70b"),
+    (r"^codellama-34b", "codellama-34b"),
+    (r"^phi-2", "phi-2"),
+    (r"^mixtral-8x7b", "mixtral-8x7b"),
+    (r"^qwen3-30b-a3b", "qwen3-30b-a3b"),
+    (r"^qwen2\.5-7b", "qwen2.5-7b"),
+    (r"^qwen2\.5-72b", "qwen2.5-72b"),
 )
 
 
@@ -191,6 +208,9 @@ def model_preset(path: str, flag: str = "--model-path") -> str:
     presets when there is none."""
     if path in MODELS:
         return path
+    local = Path(path).expanduser()
+    if (local / "config.json").is_file():  # a local checkpoint: read its config.json
+        return str(local)
     name = path.rstrip("/").rsplit("/", 1)[-1].lower().replace("_", "-")
     name = name.removeprefix("meta-")
     for pattern, preset in _MODEL_PATTERNS:
@@ -198,7 +218,8 @@ def model_preset(path: str, flag: str = "--model-path") -> str:
             return preset
     raise ValueError(
         f"{flag}: {path!r} is not a model the simulator has a preset for; presets: "
-        f"{', '.join(MODELS)} (set one with --set model.name=NAME)"
+        f"{', '.join(MODELS)} (set one with --set model.name=NAME, or a checkpoint folder with "
+        "its config.json)"
     )
 
 
@@ -328,7 +349,9 @@ def sglang_flags(cfg: Any) -> tuple[list[str], list[str], list[str]]:
     from hicache.config import SchedulerConfig
 
     m, c, s, g, lk = cfg.model, cfg.cache, cfg.scheduler, cfg.gpu, cfg.link
-    flags = ["--model-path", MODEL_IDS.get(m.name, m.name), "--tp-size", str(m.tp)]
+    source = m.config or m.name
+    path = str(Path(source).parent) if source.endswith(".json") else source
+    flags = ["--model-path", MODEL_IDS.get(path, path), "--tp-size", str(m.tp)]
     flags += ["--page-size", str(c.page_size), "--mem-fraction-static", _num(g.mem_fraction)]
     comments = [f"hardware: {g.name} over {lk.name} (not a flag)"]
     if g.device_tokens:

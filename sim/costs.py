@@ -97,7 +97,7 @@ def build_costs(cfg: SimConfig) -> Costs:
     _, _, kv_bytes = resolve_pools(cfg)
     prof = latency.load_profile(cfg.run.profile or None, cfg.gpu.name, cfg.link.name)
     backend = cfg.link.io_backend
-    fwd = forward_model(model, gpu, tp, prof)
+    fwd = forward_model(model, gpu, tp, prof, host_tier=cfg.cache.enable_host)
     server = server_for(cfg)
     d2h, h2d = prof.link(backend, "d2h"), prof.link(backend, "h2d")
     return Costs(

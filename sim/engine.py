@@ -296,6 +296,8 @@ def run_simulation(
             "trace": os.path.relpath(trace.path, out_dir) if trace.path else "",
             "trace_sha256": trace_checksum(Path(trace.path)) if trace.path else None,
             "closed_loop": closed_loop,
+            # the served model's shape as read (model.config may name a file elsewhere)
+            "model": asdict(cfg.model.spec),
         }  # fmt: skip
         from hicache import __version__
 

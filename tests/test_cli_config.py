@@ -143,10 +143,29 @@ def test_every_flag_maps_to_a_real_key_and_ignored_flags_say_why() -> None:
         ("Qwen/Qwen3-235B-A22B-Instruct-2507", "qwen3-235b-a22b"),
         ("deepseek-ai/DeepSeek-R1", "deepseek-v3"),
         ("qwen3-32b", "qwen3-32b"),
+        ("mistralai/Mixtral-8x7B-Instruct-v0.1", "mixtral-8x7b"),
+        ("Qwen/Qwen2.5-72B-Instruct", "qwen2.5-72b"),
+        ("meta-llama/Llama-2-7b-hf", "llama-2-7b"),
     ],
 )
 def test_model_paths_map_to_presets(path: str, preset: str) -> None:
     assert model_preset(path) == preset
+
+
+def test_a_local_checkpoint_is_read_from_its_config_json(tmp_path: Path) -> None:
+    """`--model-path DIR` with DIR/config.json runs that model; printed back as flags, the
+    config names the same folder."""
+    ckpt = tmp_path / "my-model"
+    ckpt.mkdir()
+    src = Path(__file__).resolve().parent.parent / "hicache/model_configs/qwen3-8b.json"
+    (ckpt / "config.json").write_text(src.read_text(), encoding="utf-8")
+    assert model_preset(str(ckpt)) == str(ckpt)
+    cfg = load_config(None, parse_sglang_args(["--model-path", str(ckpt), "--tp", "2"]).overrides)
+    assert cfg.model.spec.num_layers == 36 and cfg.model.tp == 2
+    flags, _, _ = sglang_flags(cfg)
+    assert flags[:2] == ["--model-path", str(ckpt)]
+    via_config = load_config(None, [f"model.config={ckpt / 'config.json'}"])
+    assert sglang_flags(via_config)[0][:2] == ["--model-path", str(ckpt)]
 
 
 def test_an_unknown_model_lists_the_presets() -> None:

@@ -81,3 +81,16 @@ def test_layout_changes_simulated_copy_times() -> None:
     assert lf_merged < kernel < lf_frag == pytest.approx(pfd)
     # 32 layers x 2 (K, V) x 31 extra runs x 2.5 us per cudaMemcpyAsync
     assert lf_frag - lf_merged == pytest.approx(32 * 2 * 31 * 2.5e-6)
+
+
+def test_the_config_refuses_what_sglang_cannot_run() -> None:
+    from hicache.config import ConfigError, load_config
+
+    assert load_config(None, ["link.io_backend=direct"]).link.mem_layout == "page_first_direct"
+    with pytest.raises(ConfigError, match=r"link.mem_layout.*page_head needs io_backend=kernel"):
+        load_config(None, ["link.io_backend=direct", "link.mem_layout=page_head"])
+    with pytest.raises(ConfigError, match=r"page_first_direct needs io_backend=direct"):
+        load_config(None, ["link.mem_layout=page_first_direct"])
+    with pytest.raises(ConfigError, match=r"deepseek-v3 has an MLA KV cache.*no page_head"):
+        load_config(None, ["model.name=deepseek-v3", "model.tp=8", "gpu.name=h200",
+                           "link.mem_layout=page_head"])  # fmt: skip

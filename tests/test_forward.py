@@ -153,3 +153,23 @@ def test_model_command_prints_the_breakdown(capsys: pytest.CaptureFixture[str]) 
     assert main(["model", "forward", "--model", "nope"]) == 2
     assert "unknown model 'nope'" in capsys.readouterr().err
     assert main(["model", "forward", "--tokens", "a,b"]) == 2
+
+
+def test_hicache_checks_cost_only_under_tp_with_a_host_tier(prof: Profile) -> None:
+    """SGLang's writing/loading checks each run a CPU all-reduce over the TP group every
+    scheduler iteration: two per pass, and none at tp 1 or without the host tier."""
+    from hicache.config import load_config
+    from sim.costs import build_costs
+
+    m = get_model("llama-3-70b")
+    plain = forward_model(m, "h100-sxm", 8, prof)
+    tiered = forward_model(m, "h100-sxm", 8, prof, host_tier=True)
+    one = forward_model(get_model("llama-3-8b"), "h100-sxm", 1, prof, host_tier=True)
+    assert tiered.per_pass_s == 2 * prof.hicache_check_s == pytest.approx(3e-4)
+    assert plain.per_pass_s == 0.0 == one.per_pass_s
+    assert tiered.decode_time(4, 0) - plain.decode_time(4, 0) == pytest.approx(3e-4)
+    assert tiered.prefill_time([(10, 0)]) - plain.prefill_time([(10, 0)]) == pytest.approx(3e-4)
+    base = ["model.name=llama-3-70b", "model.tp=8"]
+    on = build_costs(load_config(None, base))
+    off = build_costs(load_config(None, [*base, "cache.enable_host=false"]))
+    assert on.decode_fn(1, 0) - off.decode_fn(1, 0) == pytest.approx(3e-4)

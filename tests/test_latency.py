@@ -153,7 +153,7 @@ def test_shipped_pcie5_values(h100: Profile) -> None:
     assert h100.link("kernel", "h2d").gamma_s == 5e-7  # per batched-copy descriptor (C3)
     assert (h100.gemm_scale, h100.decode_hbm_efficiency) == (1.0, 0.8)
     assert (h100.prefill_forward_s, h100.decode_forward_s) == (1.5e-3, 2e-4)
-    assert (h100.request_s, h100.sampling_s) == (1e-4, 1e-4)
+    assert (h100.request_s, h100.sampling_s, h100.hicache_check_s) == (1e-4, 1e-4, 1.5e-4)
 
 
 def test_profile_round_trip(h100: Profile, tmp_path: Path) -> None:

@@ -110,6 +110,8 @@ def test_bad_trace_and_existing_out_dir(tmp_path: Path, capsys: pytest.CaptureFi
     (out / "summary.json").write_text("{}")
     assert main(["run", str(TRACE), "--out", str(out), *SMALL]) == 2
     assert "--force" in capsys.readouterr().err
+    conf = json.loads((out / "config.json").read_text())
+    assert conf["model"]["name"] == "llama-3-8b" and conf["model"]["num_layers"] == 32
     cfg = tmp_path / "c.toml"
     cfg.write_text("[cache]\nwrite_policy = 'write_back'\nbogus = 1\n")
     assert main(["run", str(TRACE), "--out", str(tmp_path / "r2"), "--config", str(cfg)]) == 2

@@ -183,6 +183,11 @@ class LinkConfig:
                 "link.mem_layout",
                 "page_first_direct needs io_backend=direct (use page_first with kernel IO)",
             )
+        if self.io_backend == "direct" and self.mem_layout == "page_head":
+            raise ConfigError(
+                "link.mem_layout",
+                "page_head needs io_backend=kernel (SGLang 0.5.14 has no direct copy for it)",
+            )
 
 
 @dataclass(frozen=True)
@@ -383,6 +388,12 @@ class SimConfig:
                 f"no shipped latency profile for gpu {self.gpu.name!r} with link "
                 f"{self.link.name!r} (shipped: {', '.join(shipped_profiles())}); "
                 "set run.profile to a calibrated profile",
+            )
+        if self.model.spec.mla and self.link.mem_layout == "page_head":
+            raise ConfigError(
+                "link.mem_layout",
+                f"{self.model.spec.name} has an MLA KV cache, whose SGLang host pool has no "
+                "page_head layout (use page_first or layer_first)",
             )
         try:
             rank_link_share(server_for(self), 1.0, self.model.tp)
