@@ -43,15 +43,18 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from hicache.compute import (
+    CUSTOM_AR_MAX_BYTES,
+    SGLANG_CUSTOM_AR_H100,
     AllReduceModel,
     AttentionModel,
+    CustomAllReduce,
     GemmModel,
     LayerOp,
     load_compute,
     prefill_attention_time,
 )
 from hicache.compute.gemm import GEMM_DTYPE_BYTES
-from hicache.compute.layer import mlp_ops, op_time
+from hicache.compute.layer import mlp_ops
 from hicache.hardware import GpuSpec, get_gpu
 from hicache.models import ModelSpec, kv_bytes_per_token
 from hicache.profile import Profile
@@ -108,17 +111,34 @@ def _g(name: str, m: float, n: int, k: int, groups: float = 1.0) -> Op:
     return Op(LayerOp(name, m, n, k, 0), groups)
 
 
-def grouped_gemm_time(gemm: GemmModel, groups: float, m: float, n: int, k: int) -> float:
-    """Seconds of a grouped GEMM: ``m`` rows in all over ``groups`` weight matrices ``k x n``.
+#: **[model]** rows a fused-MoE kernel tile covers per expert: each expert's rows are padded
+#: to a multiple of it (SGLang's Triton fused_moe configs use BLOCK_SIZE_M 16-64 on H100)
+MOE_ROW_BLOCK = 64
 
-    **[model]** :meth:`GemmModel.time`'s form with the work of ``groups`` GEMMs and one launch:
-    the FLOPs of ``m x k x n`` plus a tile overhead per group, and the bytes of every group's
-    weights plus the activations. One group is exactly ``gemm.time(m, n, k)``.
+
+def gemm_time(
+    gemm: GemmModel,
+    m: float,
+    n: int,
+    k: int,
+    groups: float = 1.0,
+    weight_bytes: float = GEMM_DTYPE_BYTES,
+    flop_scale: float = 1.0,
+) -> float:
+    """Seconds of ``[m x k] @ [k x n]``, or of a grouped GEMM: ``m`` rows in all over
+    ``groups`` weight matrices (the experts hit), in one launch.
+
+    :meth:`GemmModel.time`'s form (one group of 16-bit weights is exactly it): one launch, the
+    FLOPs of every row at ``flop_scale`` times the fitted rate (2 for FP8 on a GPU with FP8
+    tensor cores), one tile overhead, and the bytes of every group's weights at
+    ``weight_bytes`` each plus the 16-bit activations. **[model]** For groups, each expert's
+    rows are padded to :data:`MOE_ROW_BLOCK` (uniform routing: ``m / groups`` rows each).
     """
     if m <= 0 or groups <= 0:
         return 0.0
-    t_flop = 2.0 * k * (m * n + groups * gemm.tile_overhead) / gemm.peak_flops
-    t_mem = GEMM_DTYPE_BYTES * (groups * k * n + m * k + m * n) / gemm.hbm_Bps
+    rows = m if groups == 1.0 else groups * math.ceil(m / groups / MOE_ROW_BLOCK) * MOE_ROW_BLOCK
+    t_flop = 2.0 * k * (rows * n + gemm.tile_overhead) / (gemm.peak_flops * flop_scale)
+    t_mem = (weight_bytes * groups * k * n + GEMM_DTYPE_BYTES * (m * k + m * n)) / gemm.hbm_Bps
     return gemm.launch_s + math.hypot(t_flop, t_mem)
 
 
@@ -202,6 +222,9 @@ class ForwardModel:
     attention: AttentionModel
     all_reduce: AllReduceModel
     profile: Profile
+    custom_all_reduce: CustomAllReduce = field(
+        default_factory=lambda: CustomAllReduce(SGLANG_CUSTOM_AR_H100)
+    )
     #: host-side seconds added to every pass (build_costs: the HiCache completion checks)
     per_pass_s: float = 0.0
     _linear_memo: dict[int, float] = field(default_factory=dict, repr=False)
@@ -215,18 +238,35 @@ class ForwardModel:
         self._kv_layer_bytes = kv_bytes_per_token(m, tp) / m.num_layers
         self._heads = m.num_attention_heads // tp
         self._qk_dim = m.head_dim
-        if tp > 1:
-            self.all_reduce.time(1.0, tp)  # an unmeasured worker count fails here, not mid-run
+        self._kv_bw = self.gpu.hbm_bw * self.profile.decode_hbm_efficiency
+        # **[model]** 8-bit weights are FP8 (W8A8): twice the FLOP rate where the GPU has FP8
+        # tensor cores; other widths (4-bit AWQ/GPTQ) compute in 16 bits and only read less
+        w = m.weight_dtype_bytes
+        fp8 = w == 1 and self.gpu.peak_flops_fp8 > 0
+        self._weight_bytes = float(w)
+        self._flop_scale = self.gpu.peak_flops_fp8 / self.gpu.peak_flops_bf16 if fp8 else 1.0
+        if tp > 1:  # an unmeasured worker count fails here, not mid-run
+            self.all_reduce.time(1.0, tp)
+            self.custom_all_reduce.time(1.0, tp)
 
     # --- parts ------------------------------------------------------------------------------
     def _ops_time(self, ops: Sequence[Op]) -> float:
         total = 0.0
         for o in ops:
-            if o.groups == 1.0:
-                total += op_time(self.gemm, o.op)
+            op = o.op
+            if op.nbytes:
+                total += self.gemm.elementwise_time(op.nbytes)
             else:
-                total += grouped_gemm_time(self.gemm, o.groups, o.op.m, o.op.n, o.op.k)
+                total += gemm_time(self.gemm, op.m, op.n, op.k, o.groups, self._weight_bytes,
+                                   self._flop_scale)  # fmt: skip
         return total
+
+    def _all_reduce(self, nbytes: float) -> float:
+        """One all-reduce of ``nbytes`` per rank as SGLang runs it: its custom all-reduce
+        below :data:`~hicache.compute.CUSTOM_AR_MAX_BYTES`, NCCL above."""
+        if nbytes < CUSTOM_AR_MAX_BYTES:
+            return self.custom_all_reduce.time(nbytes, self.tp)
+        return self.all_reduce.time(nbytes, self.tp)
 
     def linear_s(self, tokens: int) -> float:
         """All layers' non-attention ops for a pass of ``tokens`` tokens (``gemm_scale``d)."""
@@ -241,19 +281,36 @@ class ForwardModel:
             self._linear_memo[tokens] = got
         return got
 
-    def allreduce_s(self, tokens: int) -> float:
-        """The two all-reduces per layer of ``tokens`` tokens' activations (0 at ``tp`` 1)."""
+    def allreduce_s(self, tokens: int, positions: int) -> float:
+        """Tensor-parallel collectives of a pass of ``tokens`` tokens with logits for
+        ``positions`` rows (0 at ``tp`` 1): two all-reduces per layer (after attention and
+        after the MLP) and one after the vocab-parallel embedding, of the 16-bit activations;
+        and the all-gather of the logits, **[model]** charged as half an all-reduce of the
+        gathered bytes (an all-gather moves half the data)."""
         if self.tp == 1 or tokens <= 0:
             return 0.0
-        nbytes = tokens * self.model.hidden_size * ACT_BYTES
-        return 2 * self.model.num_layers * self.all_reduce.time(nbytes, self.tp)
+        act = tokens * self.model.hidden_size * ACT_BYTES
+        logits = positions * self.model.vocab_size * ACT_BYTES
+        layers = 2 * self.model.num_layers + 1
+        return layers * self._all_reduce(act) + 0.5 * self._all_reduce(logits)
 
     def lm_head_s(self, tokens: int, positions: int) -> float:
-        """The embedding gather of ``tokens`` tokens and the LM head for ``positions`` rows."""
+        """The embedding gather of ``tokens`` tokens and the LM head for ``positions`` rows
+        (16-bit weights in every checkpoint)."""
         m = self.model
         gather = self.gemm.elementwise_time(2 * tokens * m.hidden_size * ACT_BYTES)
         head = self.gemm.time(positions, math.ceil(m.vocab_size / self.tp), m.hidden_size)
         return (gather + head) * self.profile.gemm_scale
+
+    def _attention_one(self, new: int, cached: int) -> float:
+        """One layer's prefill attention for one request: the causal FLOPs at the FA3 curve,
+        or reading its whole KV (prefix and new) once, whichever is longer (a short extend on
+        a long prefix is bound by the read, as decode is)."""
+        att = self.attention
+        flops = prefill_attention_time(new, cached, self._heads, self._qk_dim,
+                                       self.model.v_head_dim, att)  # fmt: skip
+        read = att.floor_s + (new + cached) * self._kv_layer_bytes / self._kv_bw
+        return max(flops, read)
 
     # --- passes -----------------------------------------------------------------------------
     def prefill(self, reqs: Sequence[tuple[int, int]]) -> Breakdown:
@@ -262,21 +319,16 @@ class ForwardModel:
         if not live:
             return Breakdown(self.model.num_layers, 0.0, 0.0, 0.0, 0.0, 0.0)
         t = sum(n for n, _ in live)
-        att = self.attention
-        attention = self.model.num_layers * sum(
-            prefill_attention_time(n, c, self._heads, self._qk_dim, self.model.v_head_dim, att)
-            for n, c in live
-        )
+        layers = self.model.num_layers
+        attention = layers * sum(self._attention_one(n, c) for n, c in live)
+        linear, allreduce = self.linear_s(t), self.allreduce_s(t, len(live))
+        head = self.lm_head_s(t, len(live))
         p = self.profile
-        overhead = p.prefill_forward_s + p.request_s * len(live) + p.sampling_s + self.per_pass_s
-        return Breakdown(
-            self.model.num_layers,
-            self.linear_s(t),
-            attention,
-            self.allreduce_s(t),
-            self.lm_head_s(t, len(live)),
-            overhead,
-        )
+        # the eager launches overlap the GPU work: only what the GPU does not cover shows
+        gpu = linear + attention + allreduce + head
+        launch = max(0.0, p.prefill_forward_s - gpu)
+        overhead = launch + p.request_s * len(live) + p.sampling_s + self.per_pass_s
+        return Breakdown(layers, linear, attention, allreduce, head, overhead)
 
     def decode(self, batch: int, kv_tokens: int) -> Breakdown:
         """One decode step of ``batch`` requests holding ``kv_tokens`` KV tokens between them
@@ -284,14 +336,15 @@ class ForwardModel:
         if batch <= 0:
             return Breakdown(self.model.num_layers, 0.0, 0.0, 0.0, 0.0, 0.0)
         layers = self.model.num_layers
-        bw = self.gpu.hbm_bw * self.profile.decode_hbm_efficiency
-        attention = layers * (self.attention.floor_s + kv_tokens * self._kv_layer_bytes / bw)
+        attention = layers * (
+            self.attention.floor_s + kv_tokens * self._kv_layer_bytes / self._kv_bw
+        )
         p = self.profile
         return Breakdown(
             layers,
             self.linear_s(batch),
             attention,
-            self.allreduce_s(batch),
+            self.allreduce_s(batch, batch),
             self.lm_head_s(batch, batch),
             p.decode_forward_s + p.sampling_s + self.per_pass_s,
         )
@@ -325,13 +378,10 @@ def forward_model(
     a ``host_tier`` and ``tp > 1`` every pass also pays SGLang's two HiCache completion checks
     (``2 * hicache_check_s``: a CPU all-reduce over the ranks each).
 
-    **[model]** A model served with 8-bit weights (``weight_dtype_bytes`` 1, e.g. DeepSeek-V3's
-    FP8 checkpoint) runs its GEMMs at twice the 16-bit FLOP rate and bandwidth (Hopper's FP8
-    peak is twice its bf16 peak, and the weights are half the bytes).
+    Quantized weights (``weight_dtype_bytes`` < 2) are read at their width; 8-bit ones run
+    at the GPU's FP8 rate where it has FP8 tensor cores (:class:`ForwardModel`).
     """
     g = get_gpu(gpu) if isinstance(gpu, str) else gpu
     gemm, attention, all_reduce = compute_models_for(g)
-    if model.weight_dtype_bytes <= 1:
-        gemm = gemm.scaled(2.0, 2.0)
     checks = 2 * profile.hicache_check_s if host_tier and tp > 1 else 0.0
-    return ForwardModel(model, tp, g, gemm, attention, all_reduce, profile, checks)
+    return ForwardModel(model, tp, g, gemm, attention, all_reduce, profile, per_pass_s=checks)

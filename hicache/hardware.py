@@ -34,14 +34,16 @@ _T = TypeVar("_T")
 
 @dataclass(frozen=True)
 class GpuSpec:
-    """One GPU: HBM capacity (bytes) and bandwidth (bytes/s), dense bf16 peak (FLOP/s), and the
-    host link it normally comes with (a key of ``LINKS``)."""
+    """One GPU: HBM capacity (bytes) and bandwidth (bytes/s), dense bf16 peak (FLOP/s), the
+    host link it normally comes with (a key of ``LINKS``), and its dense FP8 peak (0: no FP8
+    tensor cores)."""
 
     name: str
     hbm_bytes: float
     hbm_bw: float
     peak_flops_bf16: float
     default_link: str
+    peak_flops_fp8: float = 0.0
 
 
 GPUS: dict[str, GpuSpec] = {
@@ -53,6 +55,7 @@ GPUS: dict[str, GpuSpec] = {
             hbm_bw=3.35e12,  # C1: 3.35 TB/s
             peak_flops_bf16=989e12,  # C6: 989 TFLOPS dense bf16
             default_link="pcie5-x16",  # H100 SXM hosts attach over PCIe Gen5 x16 (C2)
+            peak_flops_fp8=1979e12,  # Hopper datasheet: 1,979 TFLOPS dense FP8
         ),
         GpuSpec(
             name="h200",
@@ -60,6 +63,7 @@ GPUS: dict[str, GpuSpec] = {
             hbm_bw=4.8e12,  # C1: 4.8 TB/s
             peak_flops_bf16=989e12,  # same Hopper die as H100 SXM (C6 figure)
             default_link="pcie5-x16",  # C2: H200 spec sheets quote PCIe Gen5 128 GB/s bidir.
+            peak_flops_fp8=1979e12,  # Hopper datasheet: 1,979 TFLOPS dense FP8
         ),
         GpuSpec(
             name="a100-80gb",
@@ -74,6 +78,7 @@ GPUS: dict[str, GpuSpec] = {
             hbm_bw=4.0e12,  # C1: 4.0 TB/s
             peak_flops_bf16=989e12,  # Hopper die, as H100 SXM
             default_link="nvlink-c2c",  # C2: Grace-Hopper coherent NVLink-C2C
+            peak_flops_fp8=1979e12,  # Hopper datasheet: 1,979 TFLOPS dense FP8
         ),
     )
 }

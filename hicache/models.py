@@ -273,15 +273,33 @@ def kv_bytes_per_token(model: ModelSpec, tp: int = 1) -> int:
     return 2 * model.num_layers * heads_per_rank * model.head_dim * model.dtype_bytes
 
 
-def weight_bytes_per_rank(model: ModelSpec, tp: int = 1) -> float:
-    """Weight bytes on one rank: ``params * weight_dtype_bytes / tp``.
+def replicated_params(model: ModelSpec) -> int:
+    """Weights every tensor-parallel rank holds whole: MLA's latent down-projections (SGLang's
+    replicated ``fused_qkv_a_proj_with_mqa``: ``hidden -> q_lora_rank + kv_lora_rank + rope``)
+    and the MoE routers (``hidden -> experts``). Norms are ignored (< 0.01 %)."""
+    h = model.hidden_size
+    per_layer = 0
+    if model.mla:
+        per_layer = h * (model.q_lora_rank + model.kv_lora_rank + model.qk_rope_head_dim)
+    router = h * model.num_experts * model.moe_layers
+    return per_layer * model.num_layers + router
 
-    **[model]** All weights are taken as evenly sharded by ``tp`` (replicated norms and, for MoE
-    without expert parallelism, uneven expert placement are ignored: < 1 % of the bytes).
+
+def weight_bytes_per_rank(model: ModelSpec, tp: int = 1) -> float:
+    """Weight bytes on one rank.
+
+    The layers' weights at ``weight_dtype_bytes``, sharded by ``tp`` except the
+    :func:`replicated_params`; the embedding and LM head at 16 bits (quantized checkpoints,
+    FP8 DeepSeek-V3 and 4-bit AWQ/GPTQ alike, keep them in bf16/fp16), vocab-parallel so split
+    by ``tp``. For a 16-bit dense model this is ``params * 2 / tp``. **[model]** Experts are
+    taken as evenly sharded (no expert parallelism).
     """
     if tp < 1:
         raise ValueError(f"tp must be >= 1, got {tp}")
-    return model.params * model.weight_dtype_bytes / tp
+    emb, rep = model.embedding_params, replicated_params(model)
+    body = model.params - emb - rep
+    w = model.weight_dtype_bytes
+    return body * w / tp + rep * w + emb * 2 / tp
 
 
-__all__ = ["ModelSpec", "kv_bytes_per_token", "weight_bytes_per_rank"]
+__all__ = ["ModelSpec", "kv_bytes_per_token", "replicated_params", "weight_bytes_per_rank"]

@@ -71,10 +71,10 @@ class Profile:
       GPU measures it as measured / predicted;
     * ``decode_hbm_efficiency``: fraction of nominal HBM bandwidth a decode step's KV read
       achieves (attention over the cached tokens);
-    * overheads, seconds: ``prefill_forward_s`` per prefill forward pass (host-side launch and
-      input preparation of an eager forward), ``decode_forward_s`` per decode step (a CUDA-graph
-      replay), ``request_s`` per request in a batch (scheduling, prefix match, input
-      preparation), ``sampling_s`` per batch (logits to tokens, the host sync),
+    * overheads, seconds: ``prefill_forward_s`` the host time to launch an eager prefill pass
+      (the GPU work overlaps it, so a pass takes at least this long), ``decode_forward_s`` per
+      decode step (a CUDA-graph replay), ``request_s`` per request in a batch (scheduling,
+      prefix match, input preparation), ``sampling_s`` per batch (logits to tokens, the host sync),
       ``hicache_check_s`` per HiCache completion check under tensor parallelism (a CPU
       all-reduce over the ranks; SGLang runs two per scheduler iteration, for writes and
       loads, only when ``tp > 1`` and the host tier is on).
@@ -230,7 +230,9 @@ def profile_from_dict(data: Mapping[str, Any], source: str = "<profile>") -> Pro
     if version == 1:
         comp = _check_keys(top["compute"], "compute", _V1_COMPUTE_KEYS, source)
         cvals = _compute_from_v1(
-            {k: _number(comp[k], f"compute.{k}", source) for k in _V1_COMPUTE_KEYS}
+            {k: _number(comp[k], f"compute.{k}", source) for k in _V1_COMPUTE_KEYS},
+            str(top["gpu"]),
+            str(top["link"]),
         )
         prov = {**prov, "converted": V1_NOTE}
     else:
@@ -251,23 +253,24 @@ def profile_from_dict(data: Mapping[str, Any], source: str = "<profile>") -> Pro
 
 #: what a version-1 profile keeps when it is read (its provenance gains this as "converted")
 V1_NOTE = (
-    "read from a version-1 profile: links kept; mfu and attn_efficiency dropped (compute now "
-    "comes from the measured operator tables, gemm_scale 1); prefill/decode_overhead_s kept as "
-    "prefill/decode_forward_s; request_s, sampling_s and hicache_check_s 0"
+    "read from a version-1 profile: links and decode_hbm_efficiency kept; mfu, attn_efficiency "
+    "and the per-batch overheads dropped (they stood in for launch costs the operator tables "
+    "now charge per op); gemm_scale 1 and the overheads of the shipped default profile for "
+    "this GPU and link (zero when there is none)"
 )
 
 
-def _compute_from_v1(v1: Mapping[str, float]) -> dict[str, float]:
+def _compute_from_v1(v1: Mapping[str, float], gpu: str, link: str) -> dict[str, float]:
     """Version 2's compute constants from version 1's (:data:`V1_NOTE` says how)."""
-    return {
-        "gemm_scale": 1.0,
-        "decode_hbm_efficiency": v1["decode_hbm_efficiency"],
-        "prefill_forward_s": v1["prefill_overhead_s"],
-        "decode_forward_s": v1["decode_overhead_s"],
-        "request_s": 0.0,
-        "sampling_s": 0.0,
-        "hicache_check_s": 0.0,
-    }
+    out = {k: 0.0 for k in OVERHEAD_KEYS}
+    default = default_profile_path(gpu, link)
+    try:
+        shipped = json.loads(default.read_text(encoding="utf-8"))
+        if shipped.get("version") == PROFILE_VERSION:
+            out.update({k: float(shipped["compute"][k]) for k in OVERHEAD_KEYS})
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # no usable default for this GPU and link: the overheads stay 0, as the note says
+    return {"gemm_scale": 1.0, "decode_hbm_efficiency": v1["decode_hbm_efficiency"], **out}
 
 
 def default_profile_path(gpu: str, link: str) -> Path:

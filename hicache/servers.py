@@ -99,6 +99,20 @@ _DGX_H100_SOURCE = (
     "per channel run at DDR5-4400, 281.6 GB/s per socket, 75 % usable for copies"
 )
 
+
+def both_ways_eta(server: ServerSpec, d2h_Bps: float, h2d_Bps: float, tp: int, eta: float) -> float:
+    """The coupling factor (the link's ``eta``) once both directions share a socket's DRAM.
+
+    ``d2h_Bps`` / ``h2d_Bps`` are a rank's rates after :func:`rank_link_share`. While both
+    directions copy, each runs at ``rate * eta``; the socket's usable DRAM bandwidth, divided
+    among the ranks on it, bounds their sum, so ``eta`` is at most ``socket share / (d2h +
+    h2d)``. Returns ``min(eta, that bound)``; ``eta`` itself when memory is not a limit.
+    """
+    per_socket = min(server.gpus // server.sockets, tp)
+    share = server.socket_mem_Bps / per_socket
+    return min(eta, share / (d2h_Bps + h2d_Bps))
+
+
 SERVERS: dict[str, ServerSpec] = {
     s.name: s
     for s in (

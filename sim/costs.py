@@ -24,7 +24,9 @@ class Costs:
 
     ``d2h``/``h2d``: the copy constants of the run's IO backend, with the bandwidth already
     reduced to what each rank gets when all ``tp`` ranks copy at once (the server's shared
-    uplinks and socket memory, :func:`hicache.servers.rank_link_share`). ``backend``,
+    uplinks and socket memory, :func:`hicache.servers.rank_link_share`) and the coupling
+    ``eta`` capped by the socket memory both directions share
+    (:func:`hicache.servers.both_ways_eta`). ``backend``,
     ``layout`` and ``kv_parts`` select how SGLang issues a copy (:func:`hicache.latency.
     op_charges`).
     """
@@ -89,7 +91,7 @@ def build_costs(cfg: SimConfig) -> Costs:
     from hicache.config import resolve_pools, server_for
     from hicache.forward import forward_model
     from hicache.hardware import get_gpu
-    from hicache.servers import rank_link_share
+    from hicache.servers import both_ways_eta, rank_link_share
 
     model = cfg.model.spec
     gpu = get_gpu(cfg.gpu.name)
@@ -100,11 +102,16 @@ def build_costs(cfg: SimConfig) -> Costs:
     fwd = forward_model(model, gpu, tp, prof, host_tier=cfg.cache.enable_host)
     server = server_for(cfg)
     d2h, h2d = prof.link(backend, "d2h"), prof.link(backend, "h2d")
+    d2h = shared_link(d2h, rank_link_share(server, d2h.beta_Bps, tp))
+    h2d = shared_link(h2d, rank_link_share(server, h2d.beta_Bps, tp))
+    # both directions at once draw on the same socket memory: it caps the coupled rates
+    d2h = replace(d2h, eta=both_ways_eta(server, d2h.beta_Bps, h2d.beta_Bps, tp, d2h.eta))
+    h2d = replace(h2d, eta=both_ways_eta(server, d2h.beta_Bps, h2d.beta_Bps, tp, h2d.eta))
     return Costs(
         num_layers=model.num_layers,
         bytes_per_page=kv_bytes * cfg.cache.page_size,
-        d2h=shared_link(d2h, rank_link_share(server, d2h.beta_Bps, tp)),
-        h2d=shared_link(h2d, rank_link_share(server, h2d.beta_Bps, tp)),
+        d2h=d2h,
+        h2d=h2d,
         prefill_fn=fwd.prefill_time,
         decode_fn=fwd.decode_time,
         backend=backend,

@@ -94,3 +94,17 @@ def test_the_config_refuses_what_sglang_cannot_run() -> None:
     with pytest.raises(ConfigError, match=r"deepseek-v3 has an MLA KV cache.*no page_head"):
         load_config(None, ["model.name=deepseek-v3", "model.tp=8", "gpu.name=h200",
                            "link.mem_layout=page_head"])  # fmt: skip
+
+
+def test_pages_default_to_none() -> None:
+    """Without ``pages`` an op has no pages: a page_first write-back still pays one relayout
+    (``max(1, 0 chunks)``) but no per-page descriptor, and page_first_direct no copies."""
+    assert op_charges("write", 5, 1, L, backend="kernel", layout="page_first") == OpCharges(1, 0, 5)
+    assert op_charges("load", 5, 1, L, layout="page_first_direct") == OpCharges(L, 0, 5)
+
+
+def test_a_bad_layout_lists_what_the_backend_runs() -> None:
+    with pytest.raises(ValueError, match=r"\(it runs: layer_first, page_first, page_head\)$"):
+        op_charges("load", 1, 1, L, backend="kernel", layout="page_first_direct")
+    with pytest.raises(ValueError, match=r"\(it runs: layer_first, page_first_direct\)$"):
+        op_charges("load", 1, 1, L, backend="direct", layout="page_first")

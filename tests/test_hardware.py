@@ -93,8 +93,16 @@ def test_weight_bytes() -> None:
     assert weight_bytes_per_rank(get_model("llama-3-70b"), 8) == pytest.approx(
         70.6e9 * 2 / 8, rel=0.002
     )
-    # DeepSeek-V3 is served with its FP8 checkpoint
-    assert weight_bytes_per_rank(get_model("deepseek-v3"), 8) == pytest.approx(671e9 / 8, rel=0.001)
+    # DeepSeek-V3 is served with its FP8 checkpoint, but every rank holds the replicated MLA
+    # down-projections (61 x 7,168 x (1,536 + 512 + 64) = 923.5 M) and the routers (58 MoE
+    # layers x 7,168 x 256 = 106.4 M) whole, and the embedding + LM head (2 x 129,280 x 7,168
+    # = 1,853.4 M) in bf16, split by tp
+    ds = get_model("deepseek-v3")
+    rep = 61 * 7168 * (1536 + 512 + 64) + 58 * 7168 * 256
+    emb = 2 * 129_280 * 7168
+    want = (ds.params - rep - emb) / 8 + rep + emb * 2 / 8
+    assert weight_bytes_per_rank(ds, 8) == pytest.approx(want, rel=1e-12)
+    assert want == pytest.approx(85.01e9, rel=1e-3)  # ~1.5 GB over params / 8
 
 
 @pytest.mark.parametrize(

@@ -28,6 +28,8 @@ def test_run_writes_the_run_directory(tmp_path: Path, capsys: pytest.CaptureFixt
     for name in ("config.json", "summary.json", "requests.parquet", "timeline.parquet",
                  "transfers.parquet", "trace.json"):  # fmt: skip
         assert (out / name).exists(), name
+    conf = json.loads((out / "config.json").read_text())
+    assert conf["model"]["name"] == "llama-3-8b" and conf["model"]["num_layers"] == 32
     summary = json.loads((out / "summary.json").read_text())
     for key in ("requests", "prompt_tokens", "hit_rate", "device_hit_rate", "host_hit_rate",
                 "ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_mean_s",
@@ -110,8 +112,6 @@ def test_bad_trace_and_existing_out_dir(tmp_path: Path, capsys: pytest.CaptureFi
     (out / "summary.json").write_text("{}")
     assert main(["run", str(TRACE), "--out", str(out), *SMALL]) == 2
     assert "--force" in capsys.readouterr().err
-    conf = json.loads((out / "config.json").read_text())
-    assert conf["model"]["name"] == "llama-3-8b" and conf["model"]["num_layers"] == 32
     cfg = tmp_path / "c.toml"
     cfg.write_text("[cache]\nwrite_policy = 'write_back'\nbogus = 1\n")
     assert main(["run", str(TRACE), "--out", str(tmp_path / "r2"), "--config", str(cfg)]) == 2

@@ -12,7 +12,13 @@
 The runtime models are plain Python floats; numpy is used only inside the fit functions.
 """
 
-from hicache.compute.allreduce import AllReduceFit, AllReduceModel
+from hicache.compute.allreduce import (
+    CUSTOM_AR_MAX_BYTES,
+    SGLANG_CUSTOM_AR_H100,
+    AllReduceFit,
+    AllReduceModel,
+    CustomAllReduce,
+)
 from hicache.compute.attention import (
     AttentionModel,
     prefill_attention_flops,
@@ -23,10 +29,13 @@ from hicache.compute.layer import DenseLayer, LayerOp, dense_layer_ops, layer_op
 from hicache.compute.profile import ComputeProfile, load_compute, shipped_compute_profiles
 
 __all__ = [
+    "CUSTOM_AR_MAX_BYTES",
+    "SGLANG_CUSTOM_AR_H100",
     "AllReduceFit",
     "AllReduceModel",
     "AttentionModel",
     "ComputeProfile",
+    "CustomAllReduce",
     "DenseLayer",
     "GemmModel",
     "LayerOp",

@@ -16,6 +16,7 @@ Hot path: plain floats only.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -62,4 +63,51 @@ class AllReduceModel:
         return fit.time(nbytes)
 
 
-__all__ = ["AllReduceFit", "AllReduceModel"]
+#: SGLang's custom (one-shot/two-shot NVLink) all-reduce on H100, sgl-project/sglang PR #2904
+#: ("unit test performance in H100 (without cuda graph)", `test_trt_reduce.py`: fp32 tensors of
+#: 512 ... 1,048,576 elements, so 2 KiB ... 4 MiB; 100 calls timed with a wall clock):
+#: workers -> ((bytes, seconds), ...)
+SGLANG_CUSTOM_AR_H100: dict[int, tuple[tuple[int, float], ...]] = {
+    2: ((2048, 3.7e-6), (16384, 3.9e-6), (131072, 4.5e-6), (1 << 20, 7.9e-6),
+        (2 << 20, 12.5e-6), (4 << 20, 19.9e-6)),
+    4: ((2048, 4.8e-6), (16384, 3.7e-6), (131072, 4.8e-6), (1 << 20, 13.9e-6),
+        (2 << 20, 20.2e-6), (4 << 20, 31.1e-6)),
+    8: ((2048, 5.9e-6), (16384, 5.7e-6), (131072, 7.8e-6), (1 << 20, 16.7e-6),
+        (2 << 20, 22.1e-6), (4 << 20, 33.8e-6)),
+}  # fmt: skip
+#: messages SGLang's custom all-reduce takes (its buffer, 8 MiB); larger ones go to NCCL
+CUSTOM_AR_MAX_BYTES = 8 << 20
+
+
+@dataclass(frozen=True)
+class CustomAllReduce:
+    """SGLang's custom all-reduce by worker count: piecewise linear in bytes between the
+    measured points, flat below the first, along the last segment past the last (up to
+    :data:`CUSTOM_AR_MAX_BYTES`, where SGLang hands over to NCCL)."""
+
+    points: Mapping[int, tuple[tuple[int, float], ...]]
+
+    def time(self, nbytes: float, workers: int) -> float:
+        if workers == 1 or nbytes <= 0:
+            return 0.0
+        pts = self.points.get(workers)
+        if pts is None:
+            have = ", ".join(str(w) for w in sorted(self.points))
+            raise ValueError(f"no custom all-reduce figures for {workers} workers (have {have})")
+        if nbytes <= pts[0][0]:
+            return pts[0][1]
+        (b0, t0), (b1, t1) = pts[-2], pts[-1]  # past the last point: along the last segment
+        for lo, hi in itertools.pairwise(pts):
+            if nbytes <= hi[0]:
+                (b0, t0), (b1, t1) = lo, hi
+                break
+        return t0 + (nbytes - b0) * (t1 - t0) / (b1 - b0)
+
+
+__all__ = [
+    "CUSTOM_AR_MAX_BYTES",
+    "SGLANG_CUSTOM_AR_H100",
+    "AllReduceFit",
+    "AllReduceModel",
+    "CustomAllReduce",
+]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from hicache.compute.fit import layer_of, measured_linear_s
@@ -62,6 +64,6 @@ def test_measured_linear_s_excludes_emb() -> None:
         (dict(hidden=4096, heads=32, kv_heads=8, mlp_width=14336, tp=0), "tp must be >= 1"),
     ],
 )
-def test_bad_layer_is_rejected(kwargs: dict[str, int], match: str) -> None:
+def test_bad_layer_is_rejected(kwargs: dict[str, Any], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         DenseLayer(**kwargs)
