@@ -114,6 +114,9 @@ def _summaries(folder: Path) -> dict[str, Any]:
         req = p.parent / "requests.parquet"
         if req.exists():
             df = pd.read_parquet(req)
+            if "instance" in df and not df["instance"].any():
+                # a one-instance run's server column (issue 16) is all 0: not a decision
+                df = df.drop(columns="instance")
             text = df.round(9).to_csv(index=False).encode()
             s["requests_table_sha256"] = hashlib.sha256(text).hexdigest()
         # a sweep job folder's name ends in a hash of its resolved config, which changes

@@ -5,6 +5,7 @@
 ``hitrate``    cache-only hit-rate grid (:mod:`cli.run`)
 ``demo``       the demo job (:mod:`cli.demo`)
 ``sweep``      a grid of timed runs (:mod:`cli.sweep`)
+``plan``       instances (GPUs) needed to meet latency targets (:mod:`cli.plan`)
 ``report``     HTML/PDF report of runs and sweeps (:mod:`cli.report`)
 ``trace``      inspect, convert, generate, validate traces (:mod:`cli.traces`)
 ``replay``     real copies with torch (:mod:`cli.replay`)
@@ -32,7 +33,7 @@ __all__ = ["EXIT_USER_ERROR", "UserError", "build_parser", "main"]
 def build_parser() -> argparse.ArgumentParser:
     """The whole ``hicache-sim`` parser; each parsed command has ``func`` (and may have
     ``user_errors`` / ``error_prefix``, see :func:`cli.errors.run_command`)."""
-    from cli import config, demo, model, replay, report, run, sweep, traces
+    from cli import config, demo, model, plan, replay, report, run, sweep, traces
     from hicache import __version__
 
     parser = Parser(
@@ -45,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.register(sub)
     demo.register(sub)
     sweep.register(sub)
+    plan.register(sub)
     report.register(sub)
     traces.register(sub)
     # replay needs torch (the `replay` extra); its module imports torch only inside commands

@@ -397,9 +397,25 @@ def format_summary(s: dict[str, Any]) -> str:
         f"PCIe D2H {s['bytes_d2h'] / 1e9:.1f} GB  H2D {s['bytes_h2d'] / 1e9:.1f} GB  "
         f"retractions {s['retractions']}",
     ]
+    if "per_instance" in s:
+        lines.append(_fleet_line(s))
     if s.get("overloaded"):
         lines.append(f"WARNING: {s['overload_message']}")
     return "\n".join(lines)
+
+
+def _fleet_line(s: dict[str, Any]) -> str:
+    """One line for a cluster: the router, how evenly it loaded the instances, and the
+    spread of their hit rates and TTFT p90."""
+    per = s["per_instance"]
+    hits = [p["hit_rate"] for p in per]
+    p90 = [p["ttft_p90_s"] for p in per if p["ttft_p90_s"] == p["ttft_p90_s"]]
+    spread = f"TTFT p90 {_duration(min(p90))} - {_duration(max(p90))}" if p90 else "no TTFT"
+    return (
+        f"instances {s['instances']} ({s['router']}): load imbalance "
+        f"{s['imbalance_requests']:.2f}x requests, {s['imbalance_prompt_tokens']:.2f}x prompt "
+        f"tokens; hit rate {min(hits):.1%} - {max(hits):.1%}; {spread}"
+    )
 
 
 __all__ = ["REPO_DATA", "format_hitrate_table", "format_summary", "register"]

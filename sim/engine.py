@@ -21,18 +21,12 @@ import simpy
 
 from hicache.lifecycle import paged_requests
 from hicache.policy import HiRadixCache, PageAllocator
-from hicache.policy.allocator import device_pool
 from sim.controller import SimController
 from sim.costs import Costs, build_costs
+from sim.instance import Instance
 from sim.link import DuplexLink
-from sim.metrics import (
-    Recorder,
-    RequestRow,
-    TimelineRow,
-    summarize,
-    write_json_atomic,
-    write_parquet_atomic,
-)
+from sim.metrics import Recorder, summarize, write_json_atomic, write_parquet_atomic
+from sim.routers import Router, build_router
 from sim.scheduler import Scheduler, SchedulerParams, SimReq
 
 if TYPE_CHECKING:
@@ -41,7 +35,9 @@ if TYPE_CHECKING:
 
 
 class Engine:
-    """One simulation: build with the pieces, then :meth:`run`."""
+    """One simulation of ``instances`` servers behind a router (one server: no router); build
+    with the pieces, then :meth:`run`. With one instance, ``cache``, ``sched``, ``device``,
+    ``host``, ``link``, ``ctrl`` and ``recorder`` are that server's."""
 
     def __init__(
         self,
@@ -59,25 +55,24 @@ class Engine:
         progress: bool | None = None,
         load_back_threshold: int = 10,
         stall_events: int = 0,
+        instances: int = 1,
+        router: Router | None = None,
     ) -> None:
+        if instances < 1:
+            raise ValueError(f"instances must be >= 1, got {instances}")
+        if instances > 1 and router is None:
+            raise ValueError("a cluster of several instances needs a router")
         self.env = simpy.Environment()
         self.stall_events = stall_events  # the watchdog's limit (0: by the trace's size)
-        self.recorder = Recorder(timeline_max_rows=timeline_max_rows)
-        p = page_size
-        self.device = device_pool(device_tokens // p, p)
-        self.host = PageAllocator(host_tokens // p, p, "host") if host_tokens else None
-        self.link = DuplexLink(self.env, eta={"d2h": costs.eta_d2h, "h2d": costs.eta_h2d},
-                               on_change=self._on_link_change)  # fmt: skip
-        self.ctrl = SimController(self.env, self.device, self.host, self.link, costs,
-                                  self.recorder)  # fmt: skip
-        self.cache = HiRadixCache(
-            self.ctrl,
-            write_policy=write_policy,
-            eviction_policy=eviction,
-            load_back_threshold=load_back_threshold,
-        )
-        self.sched = Scheduler(self.env, self.cache, costs, sched, self.ctrl, self._finished,
-                               self._sample, self._next_arrival)  # fmt: skip
+        self.instances = [
+            Instance(self.env, i, device_tokens=device_tokens, host_tokens=host_tokens,
+                     page_size=page_size, write_policy=write_policy, eviction=eviction,
+                     costs=costs, sched=sched, on_finished=self._finished,
+                     next_arrival=self._next_arrival, timeline_max_rows=timeline_max_rows,
+                     load_back_threshold=load_back_threshold)
+            for i in range(instances)
+        ]  # fmt: skip
+        self.router = router
         self.reqs = reqs
         self.closed_loop = closed_loop
         self.progress = progress
@@ -88,6 +83,38 @@ class Engine:
         self._open: list[SimReq] = []
         self._arrived_open = 0
         self._bar: Any = None
+
+    # the single server's parts (what tests and one-instance callers use)
+    @property
+    def cache(self) -> HiRadixCache:
+        return self.instances[0].cache
+
+    @property
+    def sched(self) -> Scheduler:
+        return self.instances[0].sched
+
+    @property
+    def device(self) -> PageAllocator:
+        return self.instances[0].device
+
+    @property
+    def host(self) -> PageAllocator | None:
+        return self.instances[0].host
+
+    @property
+    def link(self) -> DuplexLink:
+        return self.instances[0].link
+
+    @property
+    def ctrl(self) -> SimController:
+        return self.instances[0].ctrl
+
+    @property
+    def recorder(self) -> Recorder:
+        return self.instances[0].recorder
+
+    def _sample(self) -> None:
+        self.instances[0]._sample()
 
     # -------------------------------------------------------------------------- arrivals --
     def _plan(self) -> None:
@@ -107,15 +134,12 @@ class Engine:
             self._open = sorted(self.reqs, key=lambda r: (r.arrival, r.rid))
 
     def _admit(self, r: SimReq) -> None:
-        r.arrival = self.env.now
         self._arrived += 1
-        need = r.input_length + r.output_length + self.sched.p.page_size
-        if need >= self.device.capacity_tokens:
-            # its KV could never fit the pool, even alone with an empty cache: SGLang rejects
-            # requests longer than its KV pool at arrival; we record it as rejected (finish = -1)
-            self._finished(r)
+        if self.router is None:
+            self.instances[0].admit(r)
             return
-        self.sched.arrive(r)
+        i = self.router.route(r.req, self.instances, self.env.now)
+        self.instances[i].admit(r)
 
     def _next_arrival(self) -> float:
         # the next open-loop arrival (closed-loop turns only follow finishes)
@@ -128,13 +152,6 @@ class Engine:
             self._all_done.succeed()
         if self._bar is not None:
             self._bar.update(1)
-        if r.finish < 0:  # rejected at arrival
-            r.device_hit = 0
-        self.recorder.add_request(
-            RequestRow(r.rid, r.arrival, r.admitted, r.first_token, r.finish, r.prefill_s,
-                       r.load_stall_s, r.input_length, r.output_length, r.device_hit, r.host_hit,
-                       r.host_hit_recomputed, r.computed, r.retractions)
-        )  # fmt: skip
         nxt = self._next_turn.pop(id(r), None) if r.finish >= 0 else None
         if nxt:
             follower = nxt[0]
@@ -149,25 +166,18 @@ class Engine:
 
             self.env.process(later())
 
-    def _on_link_change(self) -> None:
-        # a finished copy can unblock admission (pins released at the next check)
-        if self.sched.waiting:
-            self.sched.wake()
+    def frames(self) -> dict[str, Any]:
+        """Every instance's tables, with an ``instance`` column, requests sorted by rid."""
+        import pandas as pd
 
-    def _sample(self) -> None:
-        if not self.recorder.due():
-            return
-        c, dev = self.cache, self.device
-        free = dev.available_size()
-        tree = c.total_size()
-        self.recorder.sample(
-            TimelineRow(self.env.now, free, c.evictable_size(), c.protected_size(),
-                        dev.capacity_tokens - free - tree,
-                        (self.host.capacity_tokens - self.host.available_size()) if self.host
-                        else 0,
-                        len(self.sched.waiting), len(self.sched.running),
-                        self.link.busy_time("d2h"), self.link.busy_time("h2d"))
-        )  # fmt: skip
+        parts = [inst.recorder.frames() for inst in self.instances]
+        out: dict[str, Any] = {}
+        for name in parts[0]:
+            dfs = [f[name].assign(instance=i) for i, f in enumerate(parts)]
+            full = [d for d in dfs if len(d)]  # an idle instance's empty table has no dtypes
+            out[name] = pd.concat(full, ignore_index=True) if len(full) > 1 else (full or dfs)[0]
+        out["requests"] = out["requests"].sort_values("rid", kind="stable").reset_index(drop=True)
+        return out
 
     # ------------------------------------------------------------------------------- run --
     def _run_watched(self, total: int) -> None:
@@ -208,7 +218,8 @@ class Engine:
                 self._admit(r)
 
         env.process(arrivals())
-        env.process(self.sched.run())
+        for inst in self.instances:
+            env.process(inst.sched.run())
         total = len(self.reqs)
         self._bar = tqdm(total=total, desc="requests", unit="req", disable=self.progress is False
                          or None, mininterval=0.5)  # fmt: skip
@@ -221,10 +232,11 @@ class Engine:
 
 
 def _stall_message(engine: Engine, total: int, why: str) -> str:
-    s = engine.sched
+    waiting = sum(len(i.sched.waiting) for i in engine.instances)
+    running = sum(len(i.sched.running) for i in engine.instances)
     return (
         f"simulation stalled at t={engine.env.now:.3f}s with {total - engine._finished_n} "
-        f"unfinished requests ({len(s.waiting)} waiting, {len(s.running)} running): {why}"
+        f"unfinished requests ({waiting} waiting, {running} running): {why}"
     )
 
 
@@ -281,11 +293,16 @@ def run_simulation(
         closed_loop=closed_loop,
         timeline_max_rows=cfg.run.timeline_max_rows,
         progress=progress,
+        instances=cfg.cluster.instances,
+        router=build_router(cfg.router, cfg.cluster.instances, ps)
+        if cfg.cluster.instances > 1
+        else None,
     )
     duration = engine.run()
-    frames = engine.recorder.frames()
-    frames["requests"] = frames["requests"].sort_values("rid", kind="stable").reset_index(drop=True)
+    frames = engine.frames()
     summary = summarize(frames, duration, time.perf_counter() - t0)
+    if cfg.cluster.instances > 1:
+        summary.update(fleet_summary(frames, duration, cfg.router.policy))
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         conf = {
@@ -309,6 +326,40 @@ def run_simulation(
         if cfg.run.chrome_trace:
             write_json_atomic(chrome_trace(engine), out_dir / "trace.json")
     return summary
+
+
+def fleet_summary(frames: dict[str, Any], duration: float, policy: str) -> dict[str, Any]:
+    """What a cluster adds to ``summary.json``: the instance count and router, each instance's
+    own summary (hit rates, latencies and its own overload check, ``per_instance``), the load
+    imbalance (most-loaded instance's routed requests and prompt tokens over the mean: 1 =
+    even), and ``overloaded`` if any instance is (with the instances named)."""
+    req, tr = frames["requests"], frames["transfers"]
+    per = []
+    for i, part in req.groupby("instance", sort=True):
+        own = {"requests": part.reset_index(drop=True), "transfers": tr[tr["instance"] == i]}
+        one = summarize(own, duration, 0.0)
+        one.pop("wall_time_s", None)
+        per.append({"instance": int(i), **one})
+    n = len(per)
+    counts = [p["requests"] for p in per]
+    tokens = [p["prompt_tokens"] for p in per]
+    over = [p["instance"] for p in per if p["overloaded"]]
+    out: dict[str, Any] = {
+        "instances": n,
+        "router": policy,
+        "per_instance": per,
+        "imbalance_requests": max(counts) * n / sum(counts) if sum(counts) else 1.0,
+        "imbalance_prompt_tokens": max(tokens) * n / sum(tokens) if sum(tokens) else 1.0,
+        "overloaded_instances": over,
+    }
+    if over:
+        out["overloaded"] = True
+        out["overload_message"] = (
+            f"overloaded: {len(over)} of {n} instances ({', '.join(map(str, over[:8]))}"
+            f"{', ...' if len(over) > 8 else ''}) cannot keep up with what the "
+            f"{policy} router sends them; more instances or another router would"
+        )
+    return out
 
 
 def chrome_trace(engine: Engine) -> dict[str, Any]:

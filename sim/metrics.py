@@ -233,6 +233,7 @@ def summarize(frames: dict[str, Any], sim_duration_s: float, wall_time_s: float)
         "ttft_p90_s": q("ttft_s", 0.9),
         "ttft_p99_s": q("ttft_s", 0.99),
         "tpot_mean_s": mean("tpot_s"),
+        "tpot_p90_s": q("tpot_s", 0.9),
         "e2e_mean_s": mean("e2e_s"),
         "queue_mean_s": mean("queue_s"),
         "load_stall_mean_s": mean("load_stall_s"),

@@ -8,7 +8,12 @@ from pathlib import Path
 import pytest
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
-OURS = ("01_policy_what_if.ipynb", "02_trace_explorer.ipynb", "03_calibration.ipynb")
+OURS = (
+    "01_policy_what_if.ipynb",
+    "02_trace_explorer.ipynb",
+    "03_calibration.ipynb",
+    "04_capacity_planning.ipynb",
+)
 
 
 @pytest.mark.parametrize("name", OURS)
@@ -44,3 +49,6 @@ def test_notebook_runs_in_small_mode(
     assert any("image/svg+xml" in o.get("data", {}) for o in outputs)  # figures were drawn
     if name.startswith("01"):
         assert (tmp_path / "01_policy_what_if" / "report.html").is_file()
+    if name.startswith("04"):
+        for f in ("plan.json", "plan.csv", "plan.png"):
+            assert (tmp_path / "04_capacity_planning" / f).is_file(), f

@@ -21,6 +21,7 @@ from hicache.config.sections import (
     IO_BACKENDS,
     MEM_LAYOUTS,
     OUTPUT_MODES,
+    ROUTER_POLICIES,
     SCHEDULE_POLICIES,
     SECTIONS,
 )
@@ -38,6 +39,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "scheduler.policy": SCHEDULE_POLICIES,
     "workload.closed_loop": CLOSED_LOOP_MODES,
     "workload.outputs": OUTPUT_MODES,
+    "router.policy": ROUTER_POLICIES,
 }
 
 

@@ -13,10 +13,12 @@ from typing import Any, get_type_hints
 from hicache.config.sections import (
     SECTIONS,
     CacheConfig,
+    ClusterConfig,
     ConfigError,
     GpuConfig,
     LinkConfig,
     ModelConfig,
+    RouterConfig,
     RunConfig,
     SchedulerConfig,
     SimConfig,
@@ -134,6 +136,8 @@ def _build(
             cache=CacheConfig(**values.get("cache", {})),
             scheduler=SchedulerConfig(**values.get("scheduler", {})),
             workload=WorkloadConfig(**values.get("workload", {})),
+            cluster=ClusterConfig(**values.get("cluster", {})),
+            router=RouterConfig(**values.get("router", {})),
             run=RunConfig(**values.get("run", {})),
         )
     except ConfigError as e:

@@ -318,6 +318,76 @@ class RunConfig:
         _at_least("run.timeline_max_rows", self.timeline_max_rows, 0)
 
 
+#: Routers of a cluster (``sim.routers``): the SGLang gateway's policies, session affinity, and
+#: a tier-aware router that scores each instance's real device/host prefix.
+ROUTER_POLICIES = (
+    "round_robin",
+    "random",
+    "least_load",
+    "power_of_two",
+    "session_affinity",
+    "cache_aware",
+    "tier_aware",
+)
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """Many copies of the configured server behind one router, in one simulation."""
+
+    section: ClassVar[str] = "cluster"
+
+    # one server: a cluster of one is exactly the single-server run
+    instances: int = 1
+
+    def __post_init__(self) -> None:
+        _between("cluster.instances", self.instances, 1, 4096)
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    """How requests are routed to instances (only used with cluster.instances > 1).
+
+    Defaults are the SGLang model gateway's as its Python launcher sets them
+    (``sglang_router`` ``RouterArgs``: cache_threshold 0.3, balance_abs_threshold 64,
+    balance_rel_threshold 1.5, eviction_interval_secs 60, max_tree_size 2^26 characters) and
+    NVIDIA Dynamo's KV router's tier credits (host 0.75, disk 0.25; device 1).
+    """
+
+    section: ClassVar[str] = "router"
+
+    # the SGLang model gateway's default policy
+    policy: str = "cache_aware"
+    # seeds random and power_of_two (the same seed routes the same way)
+    seed: int = 0
+    # cache_aware: route to the best-matching instance when its match rate is above this
+    cache_threshold: float = 0.3
+    # cache_aware: imbalanced when max - min in-flight requests exceeds this ...
+    balance_abs_threshold: int = 64
+    # ... and max > this x min; then the least-loaded instance gets the request
+    balance_rel_threshold: float = 1.5
+    # cache_aware: seconds between evictions of the router's approximate prefix tree
+    eviction_interval_s: float = 60.0
+    # cache_aware: tokens of prefix the router remembers per instance; the gateway's 2^26
+    # characters at ~4 characters per token [model]
+    max_tree_tokens: int = 16_777_216
+    # tier_aware: credit per cached prefix block on the device (Dynamo overlap_score_credit)
+    device_weight: float = 1.0
+    # tier_aware: credit per block cached on host only (Dynamo host_cache_hit_weight)
+    host_weight: float = 0.75
+
+    def __post_init__(self) -> None:
+        _choice("router.policy", self.policy, ROUTER_POLICIES)
+        _at_least("router.seed", self.seed, 0)
+        _between("router.cache_threshold", self.cache_threshold, 0.0, 1.0)
+        _at_least("router.balance_abs_threshold", self.balance_abs_threshold, 0)
+        _at_least("router.balance_rel_threshold", self.balance_rel_threshold, 1.0)
+        _positive("router.eviction_interval_s", self.eviction_interval_s)
+        _at_least("router.max_tree_tokens", self.max_tree_tokens, 1)
+        _between("router.device_weight", self.device_weight, 0.0, 1.0)
+        _between("router.host_weight", self.host_weight, 0.0, 1.0)
+
+
 _Section = (
     ModelConfig
     | GpuConfig
@@ -325,6 +395,8 @@ _Section = (
     | CacheConfig
     | SchedulerConfig
     | WorkloadConfig
+    | ClusterConfig
+    | RouterConfig
     | RunConfig
 )
 
@@ -338,6 +410,8 @@ SECTIONS: dict[str, type[_Section]] = {
         CacheConfig,
         SchedulerConfig,
         WorkloadConfig,
+        ClusterConfig,
+        RouterConfig,
         RunConfig,
     )
 }
@@ -360,6 +434,8 @@ class SimConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    router: RouterConfig = field(default_factory=RouterConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
     def __post_init__(self) -> None:

@@ -379,6 +379,32 @@ class HiRadixCache:
             segments, dev_pages, last, last_host, host_pages * self.page_size, self.page_size
         )
 
+    def peek_prefix(self, key: Sequence[Any], limit: int | None = None) -> tuple[int, int]:
+        """``(device tokens, host-only tokens)`` of ``key``'s cached prefix, read-only.
+
+        Not in SGLang: what a router that sees an instance's tiers (``sim.routers``
+        ``tier_aware``) asks. Walks like :meth:`match_prefix` (same ``limit``) but touches no
+        node, splits none and counts no statistics, so peeking never changes a decision.
+        """
+        pkey = to_page_key(key, self.page_size)
+        if not pkey or (limit is not None and limit < self.page_size):
+            return 0, 0
+        n = len(pkey) if limit is None else min(len(pkey), limit // self.page_size)
+        node, off, dev, host = self.root, 0, 0, 0
+        while off < n:
+            child = node.children.get(child_key(pkey, off, None))
+            if child is None:
+                break
+            p = match_len(child.key, pkey, off, n)
+            if child.value is not None:
+                dev += p
+            else:
+                host += p
+            if p < len(child.key):
+                break
+            node, off = child, off + p
+        return dev * self.page_size, host * self.page_size
+
     def _split_node(self, child: TreeNode, split: int) -> TreeNode:
         """Split ``child`` after ``split`` pages; the new upper node is returned."""
         new = self._new_node(child.priority)

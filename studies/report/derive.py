@@ -92,10 +92,27 @@ def occupancy(run: Run, bins: int = TIME_POINTS) -> dict[str, list[float | None]
     start ``t_s``, width ``width_s``). The timeline is a step function: each sample holds
     until the next (the last one to the end), nothing is used before the first. HBM parts are
     fractions of the device pool, host use a fraction of the host pool ([] without one).
-    Averages, not point samples: a fast-changing pool does not alias into spikes."""
+    Averages, not point samples: a fast-changing pool does not alias into spikes. A cluster's
+    fractions are the mean over its instances (each against its own pools)."""
+    tl = run.table("timeline")
+    if "instance" in tl and tl["instance"].nunique() > 1:
+        parts = [_occupancy(run, g.reset_index(drop=True), bins) for _, g in tl.groupby("instance")]
+        out = dict(parts[0])
+        for key in ("requests", "locked", "evictable", "host"):
+            cols = [p[key] for p in parts]
+            out[key] = [_mean_or_none([c[i] for c in cols]) for i in range(len(cols[0]))]
+        return out
+    return _occupancy(run, tl, bins)
+
+
+def _mean_or_none(values: list[float | None]) -> float | None:
+    got = [v for v in values if v is not None]
+    return sig(sum(got) / len(got)) if got else None
+
+
+def _occupancy(run: Run, tl: Any, bins: int) -> dict[str, list[float | None]]:
     import numpy as np
 
-    tl = run.table("timeline")
     edges = _edges(run, bins)
     width = np.diff(edges)
     t = tl["t_s"].to_numpy(dtype=float)
@@ -147,8 +164,9 @@ def peak_used(s: Mapping[str, Any]) -> float:
 
 def pcie(run: Run, bins: int = PCIE_BINS) -> dict[str, list[float | None]]:
     """Per direction, over ``bins`` equal time bins of the simulated time: the busy fraction
-    (time a copy was in service / bin width) and throughput (GB/s, 1 GB = 1e9 B; a copy's
-    bytes spread evenly over its service time, all at once if it took no time)."""
+    (time a copy was in service / bin width; a cluster's mean over its instances' links) and
+    throughput (GB/s, 1 GB = 1e9 B, all links together; a copy's bytes spread evenly over its
+    service time, all at once if it took no time)."""
     import numpy as np
 
     tr = run.table("transfers")
@@ -176,21 +194,22 @@ def pcie(run: Run, bins: int = PCIE_BINS) -> dict[str, list[float | None]]:
             )
             moved += (frac * b[None, :]).sum(axis=1)
         safe = np.where(width > 0, width, 1.0)
-        out[f"{d}_busy"] = [sig(float(v)) for v in np.diff(busy) / safe]
+        out[f"{d}_busy"] = [sig(float(v)) for v in np.diff(busy) / safe / run.instances]
         out[f"{d}_gb_s"] = [sig(float(v)) for v in np.diff(moved) / safe / 1e9]
     return out
 
 
 def pcie_totals(run: Run) -> dict[str, float]:
-    """Per direction over the whole run: the busy fraction of the link (``d2h_busy``; NaN
-    when the run took no simulated time) and the gigabytes moved (``d2h_gb``)."""
+    """Per direction over the whole run: the busy fraction of the link (``d2h_busy``, a
+    cluster's mean over its links; NaN when the run took no simulated time) and the gigabytes
+    moved (``d2h_gb``, all links)."""
     tr = run.table("transfers")
     end = float(run.summary["sim_duration_s"])
     out: dict[str, float] = {}
     for d in ("d2h", "h2d"):
         sel = tr[tr["direction"] == d]
         busy = float((sel["end_s"] - sel["start_s"]).sum())
-        out[f"{d}_busy"] = busy / end if end > 0 else math.nan
+        out[f"{d}_busy"] = busy / end / run.instances if end > 0 else math.nan
         out[f"{d}_gb"] = float(sel["bytes"].sum()) / 1e9
     return out
 

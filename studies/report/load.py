@@ -72,6 +72,11 @@ class Run:
         return self.config.get(key)
 
     @property
+    def instances(self) -> int:
+        """Servers in the run (a cluster's ``cluster.instances``; 1 otherwise)."""
+        return int(self.summary.get("instances", 1))
+
+    @property
     def device_tokens(self) -> int:
         return int(self.conf["device_tokens"])
 

@@ -1,0 +1,223 @@
+"""``hicache-sim plan``: how many instances (GPUs) a trace needs to meet latency targets, with
+and without the host tier, and so how many HiCache saves (the planning is :mod:`studies.plan`).
+
+Every input is checked before the first evaluation: targets, variants, routers, the config of
+every configuration, the output folder, and the target keys (against a one-request probe
+run's summary); each error is one line, exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from cli.args import check_output_dir, int_at_least, jobs_arg
+from cli.errors import UserError, value_and_os_errors
+
+if TYPE_CHECKING:
+    from studies.plan import Plan
+
+DEFAULT_VARIANTS_TEXT = "'no host tier', 'host x2' (cache.hicache_ratio=2), 'host x4' (ratio 4)"
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``plan`` command to an argparse sub-parsers object."""
+    from cli.config import add_config_options
+    from studies.sweep import EXECUTORS
+
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "plan",
+        help="capacity planning: the instances (GPUs) needed to meet latency targets, and "
+        "what HiCache saves",
+        description="For each configuration (the base config x variants x routers), find the "
+        "smallest cluster.instances whose run meets every --target and is not overloaded "
+        "(doubling, then bisection; assumes latency does not grow with instances). Prints "
+        "instances, GPU-hours (instances x model.tp x the trace's arrival span), host DRAM "
+        "per instance, hit rates, and what the host tier saves.",
+    )
+    p.add_argument("trace", type=Path, help="trace file (.jsonl, .jsonl.gz, .parquet)")
+    p.add_argument(
+        "--target", action="append", required=True, metavar="KEY=VALUE",
+        help="an upper bound on a summary key, repeatable: ttft_p90=2s, tpot_mean=50ms, "
+        "e2e_mean=1.5min (units ms, s, min; a plain number for keys not in seconds)",
+    )  # fmt: skip
+    p.add_argument(
+        "--router", default="cache_aware", metavar="POLICY[,POLICY...]",
+        help="router policies, comma-separated (one row each; default cache_aware)",
+    )  # fmt: skip
+    p.add_argument(
+        "--variant", action="append", default=[], metavar="'NAME:KEY=VALUE[,KEY=VALUE...]'",
+        help=f"a named configuration (repeatable; replaces the defaults: {DEFAULT_VARIANTS_TEXT}"
+        "); e.g. 'host 64GB:cache.hicache_size_gb=64'",
+    )  # fmt: skip
+    p.add_argument(
+        "--max-instances", type=int_at_least(1), default=64,
+        help="the largest instance count tried (default 64); beyond it: '> max'",
+    )  # fmt: skip
+    p.add_argument("--out", type=Path, help="folder for plan.json, plan.csv and plan.png")
+    add_config_options(p)
+    p.add_argument(
+        "--jobs", type=jobs_arg, default=0,
+        help="worker processes (local) or CPUs of a local Ray (0 = all cores, the default)",
+    )  # fmt: skip
+    p.add_argument(
+        "--executor", choices=EXECUTORS, default="local",
+        help="local process pool (default) or Ray (needs the 'cluster' extra)",
+    )  # fmt: skip
+    p.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
+    p.add_argument(
+        "--progress", action=argparse.BooleanOptionalAction, default=None,
+        help="a progress bar over evaluations (default: only on a terminal)",
+    )  # fmt: skip
+    p.set_defaults(func=_cmd_plan, user_errors=value_and_os_errors)
+    return p
+
+
+def _inputs(args: argparse.Namespace) -> tuple[Any, Any, list[Any], list[Any]]:
+    """(config, trace, configurations, targets), every one checked; ``UserError`` else."""
+    from cli.config import resolve_config
+    from cli.run import _load_trace
+    from studies.plan import (
+        DEFAULT_VARIANTS,
+        build_configs,
+        check_settable,
+        parse_target,
+        parse_variant,
+        summary_keys,
+    )
+
+    if args.address and args.executor != "ray":
+        raise UserError("--address needs --executor ray")
+    try:
+        for item in args.overrides:
+            check_settable(item.partition("=")[0].strip(), f"--set {item}")
+        for text in args.target:
+            parse_target(text)  # the syntax, before anything is loaded
+        variants = [parse_variant(v) for v in args.variant] or list(DEFAULT_VARIANTS)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    routers = [r.strip() for r in args.router.split(",") if r.strip()]
+    resolved = resolve_config(args)
+    if args.out is not None:
+        check_output_dir(args.out, force=True, what="plan folder")
+    trace = _load_trace(args.trace)
+    try:
+        configs = build_configs(resolved.cfg, trace, variants, routers)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    try:
+        keys = summary_keys(resolved.cfg, trace)
+    except ValueError as e:  # e.g. a page size that does not divide the trace's block size
+        raise UserError(f"{args.trace}: {e}") from None
+    try:
+        targets = [parse_target(text, keys) for text in args.target]
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    resolved.print_notes()
+    return resolved.cfg, trace, configs, targets
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from studies.plan import run_plan, write_plan
+
+    t0 = time.perf_counter()
+    _, trace, configs, targets = _inputs(args)
+    plan = run_plan(
+        configs,
+        trace,
+        targets,
+        args.max_instances,
+        executor=args.executor,
+        jobs=args.jobs,
+        address=args.address,
+        progress=args.progress,
+    )
+    evaluations = sum(len(c.evaluations) for c in plan.configs)
+    print(format_plan(plan))
+    print(f"{evaluations} runs in {time.perf_counter() - t0:.1f} s")
+    if args.out is not None:
+        try:
+            paths = write_plan(plan, args.out)
+        except OSError as e:
+            raise UserError(f"{args.out}: cannot write the plan: {e.strerror or e}") from None
+        print(f"plan: {', '.join(str(p) for p in paths)}")
+    return 0
+
+
+def _metric(key: str, value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    from studies.plan import format_seconds
+
+    return format_seconds(float(value)) if key.endswith("_s") else f"{float(value):.4g}"
+
+
+def format_plan(plan: Plan) -> str:
+    """The table (one row per configuration), the notes and the savings lines."""
+    rows = plan.rows()
+    head = {
+        "configuration": "configuration",
+        "instances": "instances",
+        "gpu_hours": "GPU-h",
+        "host_dram_gb_per_instance": "host GB/inst",
+        "hit_rate": "hit",
+        "device_hit_rate": "device",
+        "host_hit_rate": "host",
+        **{t.key: t.key.removesuffix("_s") for t in plan.targets},
+    }
+    cells = [list(head.values())]
+    for r in rows:
+        cells.append([
+            r["configuration"],
+            f"> {plan.max_instances}" if r["instances"] is None else str(r["instances"]),
+            "n/a" if r["gpu_hours"] is None else f"{r['gpu_hours']:.3g}",
+            f"{r['host_dram_gb_per_instance']:.1f}",
+            *(
+                "n/a" if r[k] is None else f"{r[k]:.1%}"
+                for k in ("hit_rate", "device_hit_rate", "host_hit_rate")
+            ),
+            *(_metric(t.key, r[t.key]) for t in plan.targets),
+        ])  # fmt: skip
+    widths = [max(len(row[i]) for row in cells) for i in range(len(head))]
+    lines = [
+        "targets: " + ", ".join(t.label for t in plan.targets) + " (and not overloaded)",
+        *(
+            "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                      for i, (c, w) in enumerate(zip(row, widths, strict=True)))
+            for row in cells
+        ),
+    ]  # fmt: skip
+    for c in plan.configs:
+        if not c.monotone:
+            lines.append(
+                f"note: {c.config.name}: latency is not monotone in N (a smaller N passed "
+                "while a larger failed): the answer passes but may not be the minimum"
+            )
+    lines.extend(f"{line}" for line in _savings(plan))
+    return "\n".join(lines)
+
+
+def _savings(plan: Plan) -> list[str]:
+    from studies.plan import savings_lines
+
+    lines = savings_lines(plan)
+    return lines or ["(no configuration without a host tier to compare against)"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m cli.plan TRACE --target ...``: the ``plan`` command on its own."""
+    from cli.errors import run_one_command
+
+    return run_one_command("plan", register, argv)
+
+
+if __name__ == "__main__":
+    # through the importable module, so pickled job functions refer to studies.plan
+    from cli.plan import main as _main
+
+    sys.exit(_main())

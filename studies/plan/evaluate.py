@@ -1,0 +1,153 @@
+"""One evaluation of a plan (a configuration at N instances, one timed simulation) and the
+executors that run a wave of them: a local process pool or Ray.
+
+A job is an :class:`EvalTask`: the resolved config (:func:`hicache.config.config_to_dict`),
+N, and the key of the trace in :data:`_TRACES`. The driver puts the trace there before any
+pool starts, so forked workers share it (:func:`studies.sweep.executors.run_local` with
+``needs_parent_state``); a Ray task gets it once through the object store instead.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from studies.sweep.executors import EXECUTORS, run_local
+
+if TYPE_CHECKING:
+    from traces.schema import Trace
+
+Config = dict[str, dict[str, Any]]
+
+#: Traces of the plans running in this process, by key (inherited by forked workers).
+_TRACES: dict[str, Trace] = {}
+
+
+class EvalTask(NamedTuple):
+    """One job: ``config`` with ``cluster.instances = instances``, over trace ``trace_key``."""
+
+    config: Config
+    instances: int
+    trace_key: str
+
+
+def simulate(config: Config, instances: int, trace: Trace) -> dict[str, Any]:
+    """The summary of one run of ``config`` with ``instances`` instances (no files)."""
+    from hicache.config import config_from_dict
+    from sim.engine import run_simulation
+
+    data = {section: dict(body) for section, body in config.items()}
+    data.setdefault("cluster", {})["instances"] = instances
+    return run_simulation(config_from_dict(data), trace, None, progress=False)
+
+
+def evaluate(task: EvalTask) -> dict[str, Any]:
+    """The job function of the local pool: :func:`simulate` on the shared trace."""
+    return simulate(task.config, task.instances, _TRACES[task.trace_key])
+
+
+def _evaluate_with(task: EvalTask, trace: Trace) -> dict[str, Any]:
+    """The job function of a Ray task (the trace comes from the object store)."""
+    return simulate(task.config, task.instances, trace)
+
+
+class Executor:
+    """Runs waves of :class:`EvalTask` s; a context manager (Ray starts once per plan).
+
+    ``kind``: ``"local"`` (processes; ``jobs`` workers, 0 = all cores, 1 = this process) or
+    ``"ray"`` (``address`` = an existing cluster; otherwise a local runtime with ``jobs``
+    CPUs). ``on_done()`` is called as each evaluation ends (a progress bar). A failing
+    simulation raises: a plan with a hole in it is not a plan.
+    """
+
+    def __init__(
+        self,
+        trace: Trace,
+        kind: str = "local",
+        jobs: int = 0,
+        address: str | None = None,
+        on_done: Callable[[], None] | None = None,
+    ) -> None:
+        if kind not in EXECUTORS:
+            raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {kind!r}")
+        if address and kind != "ray":
+            raise ValueError("an address needs the ray executor")
+        self.trace = trace
+        self.kind, self.jobs, self.address = kind, jobs, address
+        self.on_done = on_done
+        self.key = f"plan-{id(self)}"
+        self._ray: Any = None
+        self._ray_started = False
+        self._trace_ref: Any = None
+
+    def __enter__(self) -> Executor:
+        _TRACES[self.key] = self.trace
+        if self.kind == "ray":
+            self._start_ray()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _TRACES.pop(self.key, None)
+        if self._ray_started:
+            self._ray.shutdown()
+
+    def run(self, configs: Sequence[Config], wave: Sequence[tuple[int, int]]) -> list[Any]:
+        """Summaries of ``(configuration index, N)`` pairs, in order."""
+        tasks = [EvalTask(configs[i], n, self.key) for i, n in wave]
+        if self.kind == "ray":
+            return self._run_ray(tasks)
+        results: dict[int, dict[str, Any]] = {}
+
+        def collect(i: int, summary: dict[str, Any]) -> None:
+            results[i] = summary
+            if self.on_done is not None:
+                self.on_done()
+
+        run_local(evaluate, tasks, self.jobs, collect, needs_parent_state=True)
+        return [results[i] for i in range(len(tasks))]
+
+    def _start_ray(self) -> None:
+        try:
+            # by name: Ray is an optional extra, so neither mypy nor CI may have it
+            ray = importlib.import_module("ray")
+        except ImportError:
+            raise ValueError(
+                "the ray executor needs Ray: pip install 'hicache-sim[cluster]'"
+            ) from None
+        if not ray.is_initialized():
+            try:
+                if self.address:
+                    ray.init(address=self.address, log_to_driver=False)
+                else:
+                    ray.init(
+                        num_cpus=self.jobs or None, include_dashboard=False, log_to_driver=False
+                    )
+            except Exception as e:
+                where = f" at {self.address}" if self.address else ""
+                raise ValueError(f"cannot start Ray{where}: {' '.join(str(e).split())}") from None
+            self._ray_started = True
+        self._ray = ray
+        self._trace_ref = ray.put(self.trace)  # once per plan, not once per job
+
+    def _run_ray(self, tasks: Sequence[EvalTask]) -> list[Any]:
+        ray = self._ray
+        remote = ray.remote(num_cpus=1)(_evaluate_with)
+        refs = {remote.remote(t, self._trace_ref): i for i, t in enumerate(tasks)}
+        results: dict[int, Any] = {}
+        left = list(refs)
+        try:
+            while left:
+                done, left = ray.wait(left, num_returns=1)
+                for ref in done:
+                    results[refs[ref]] = ray.get(ref)
+                    if self.on_done is not None:
+                        self.on_done()
+        except BaseException:
+            for ref in left:
+                ray.cancel(ref, force=True)
+            raise
+        return [results[i] for i in range(len(tasks))]
+
+
+__all__ = ["EvalTask", "Executor", "evaluate", "simulate"]

@@ -1,0 +1,298 @@
+"""``hicache-sim plan``: target parsing, the instance search (with a fake evaluator), the
+savings line, and the command end to end on a tiny trace."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import pytest
+
+from cli.main import main
+from studies.plan import (
+    ConfigPlan,
+    Evaluation,
+    Plan,
+    PlanConfig,
+    Target,
+    arrival_span_s,
+    parse_target,
+    parse_variant,
+    savings_lines,
+)
+from studies.plan.search import Search, find_min_instances, judge, run_searches
+
+ROOT = Path(__file__).resolve().parent.parent
+TRACE = ROOT / "traces" / "data" / "synthetic" / "multiturn.jsonl"
+KEYS = ("ttft_p90_s", "tpot_mean_s", "hit_rate", "requests")
+
+# --- targets ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("ttft_p90=2s", ("ttft_p90_s", 2.0)),
+        ("ttft_p90_s=2", ("ttft_p90_s", 2.0)),
+        ("tpot_mean=50ms", ("tpot_mean_s", 0.05)),
+        ("ttft_p90<=1.5min", ("ttft_p90_s", 90.0)),
+        (" ttft_p90 = 250 MS ", ("ttft_p90_s", 0.25)),
+        ("requests=10", ("requests", 10.0)),
+    ],
+)
+def test_parse_target(text: str, expected: tuple[str, float]) -> None:
+    got = parse_target(text, KEYS)
+    assert got.key == expected[0]
+    assert got.limit == pytest.approx(expected[1])
+    assert parse_target(text).key == expected[0]  # no key list: the unit implies seconds
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("ttft_p90", "expected NAME=VALUE"),
+        ("ttft_p90=", "expected NAME=VALUE"),
+        ("=2s", "expected NAME=VALUE"),
+        ("ttft_p90=fast", "expected a number"),
+        ("ttft_p90=-1s", ">= 0"),
+        ("ttft_p90=2h", "expected a number"),
+        ("hit_rate>=0.5", "upper bounds"),
+        ("hit_rate=0.5s", "not in seconds"),
+        ("ttft_p95=2s", "unknown summary key 'ttft_p95'; choose from ttft_p90_s, tpot_mean_s"),
+    ],
+)
+def test_parse_target_errors(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match="--target") as info:
+        parse_target(text, KEYS)
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_target_label() -> None:
+    assert Target("ttft_p90_s", 2.0).label == "ttft_p90 <= 2 s"
+    assert Target("tpot_mean_s", 0.05).label == "tpot_mean <= 50 ms"
+    assert Target("requests", 3).label == "requests <= 3"
+
+
+def test_parse_variant() -> None:
+    v = parse_variant("big host: cache.hicache_ratio=8, gpu.device_tokens=8192")
+    assert v.name == "big host"
+    assert v.overrides == ("cache.hicache_ratio=8", "gpu.device_tokens=8192")
+    assert parse_variant("base:").overrides == ()
+    for bad, message in [
+        ("no colon", "expected NAME:"),
+        (":cache.hicache_ratio=3", "expected NAME:"),
+        ("x:cache.hicache_ratio", "expected SECTION.KEY=VALUE"),
+        ("x:cluster.instances=4", "what the plan searches"),
+        ("x:router.policy=random", "--router"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            parse_variant(bad)
+
+
+# --- the search ------------------------------------------------------------------------------
+
+
+def _latency(c: float, calls: list[int]) -> Callable[[int], dict[str, object]]:
+    def evaluate(n: int) -> dict[str, object]:
+        calls.append(n)
+        return {"ttft_p90_s": c / n, "overloaded": False}
+
+    return evaluate
+
+
+TARGET = [Target("ttft_p90_s", 1.0)]
+
+
+@pytest.mark.parametrize("c", [1, 2, 3, 5, 8, 13, 37, 63, 64])
+def test_search_finds_the_minimum(c: int) -> None:
+    calls: list[int] = []
+    s = find_min_instances(_latency(c, calls), TARGET, 64)
+    assert s.answer == c  # c / N <= 1 exactly when N >= c
+    assert len(calls) == len(set(calls))  # never an N twice
+    k = math.ceil(math.log2(c))
+    assert len(calls) == (1 if c == 1 else 2 * k)  # doubling k+1, bisection k-1
+    assert s.monotone
+
+
+def test_search_passes_at_one() -> None:
+    calls: list[int] = []
+    s = find_min_instances(_latency(0.5, calls), TARGET, 64)
+    assert (s.answer, calls) == (1, [1])
+
+
+def test_search_more_than_max() -> None:
+    calls: list[int] = []
+    s = find_min_instances(_latency(100, calls), TARGET, 10)
+    assert s.answer is None
+    assert calls == [1, 2, 4, 8, 10]  # doubling capped at the maximum, nothing to bisect
+
+
+def test_search_max_not_a_power_of_two() -> None:
+    calls: list[int] = []
+    s = find_min_instances(_latency(9.5, calls), TARGET, 12)
+    assert s.answer == 10
+    assert calls == [1, 2, 4, 8, 12, 10, 9]
+
+
+def test_search_bounds_and_no_repeats() -> None:
+    s = Search(64)
+    assert s.remaining_bound() >= 12
+    with pytest.raises(ValueError):
+        Search(0)
+    s.record(Evaluation(1, False, "", {}))
+    with pytest.raises(ValueError, match="evaluated already"):
+        s.record(Evaluation(1, False, "", {}))
+
+
+def test_non_monotone_is_flagged() -> None:
+    # a smaller N passes while a larger one fails: the assumption does not hold
+    s = Search(8)
+    s.record(Evaluation(2, True, "", {}))
+    s.record(Evaluation(4, False, "", {}))
+    assert not s.monotone
+
+
+def test_waves_search_configurations_together() -> None:
+    waves: list[list[tuple[int, int]]] = []
+    limits = [3, 1, 20]
+
+    def run_wave(wave: Sequence[tuple[int, int]]) -> list[dict[str, object]]:
+        pairs = list(wave)
+        waves.append(pairs)
+        return [{"ttft_p90_s": limits[i] / n, "overloaded": False} for i, n in pairs]
+
+    searches = run_searches(3, TARGET, 16, run_wave)
+    assert [s.answer for s in searches] == [3, 1, None]
+    assert waves[0] == [(0, 1), (1, 1), (2, 1)]
+    assert all(len({i for i, _ in w}) == len(w) for w in waves)  # one job per config a wave
+
+
+def test_overloaded_fails_and_nan_fails() -> None:
+    ok = {"ttft_p90_s": 0.1, "overloaded": False}
+    assert judge(ok, TARGET).passed
+    assert judge({**ok, "overloaded": True}, TARGET) == (False, "overloaded")
+    assert not judge({**ok, "ttft_p90_s": float("nan")}, TARGET).passed
+    with pytest.raises(ValueError, match="numeric keys: ttft_p90_s"):
+        judge(ok, [Target("tpot_p99_s", 1.0)])
+
+
+def test_overloaded_run_is_not_chosen() -> None:
+    def evaluate(n: int) -> dict[str, object]:
+        return {"ttft_p90_s": 0.0, "overloaded": n < 5}
+
+    assert find_min_instances(evaluate, TARGET, 64).answer == 5
+
+
+# --- results ---------------------------------------------------------------------------------
+
+
+def _config(variant: str, host: bool, router: str = "cache_aware") -> PlanConfig:
+    config = {"cache": {"enable_host": host}}
+    return PlanConfig(variant, router, (), config, 1024, 2048 if host else 0, 1000, 2, 3600.0)
+
+
+def _plan(base: int | None, tiered: list[int | None], cap: int = 64) -> Plan:
+    configs = [ConfigPlan(_config("no host tier", False), base, [], True)]
+    for k, n in enumerate(tiered):
+        configs.append(ConfigPlan(_config(f"host x{2 * (k + 1)}", True), n, [], True))
+    return Plan(TARGET, cap, configs)
+
+
+def test_savings_line() -> None:
+    (line,) = savings_lines(_plan(8, [6, 5]))
+    assert line == (
+        "cache_aware: HiCache saves 3 instances (37.5%) against no host tier: "
+        "5 with host x4, 8 without"
+    )
+    (line,) = savings_lines(_plan(None, [6], cap=8))
+    assert "saves at least 3 instances" in line
+    (line,) = savings_lines(_plan(4, [5]))
+    assert "needs 1 more instance (25.0%) against" in line  # singular
+    (line,) = savings_lines(_plan(6, [5]))
+    assert "HiCache saves 1 instance (16.7%) against" in line
+    (line,) = savings_lines(_plan(None, [None], cap=8))
+    assert "neither" in line
+    assert savings_lines(Plan(TARGET, 8, _plan(4, [5]).configs[1:])) == []
+
+
+def test_gpu_hours_and_dram() -> None:
+    c = ConfigPlan(_config("host x2", True), 3, [], True)
+    assert c.gpus == 6  # 3 instances x tp 2
+    assert c.gpu_hours == pytest.approx(6.0)  # x one hour of arrivals
+    assert c.config.host_dram_gb == pytest.approx(2048 * 1000 * 2 / 1e9)
+
+
+def test_arrival_span() -> None:
+    from traces.io import read_trace
+
+    trace = read_trace(TRACE)
+    full = arrival_span_s(trace)
+    assert full > 0
+    assert arrival_span_s(trace, rate_scale=2.0) == pytest.approx(full / 2)
+    assert arrival_span_s(trace, max_requests=1) == 0.0
+    assert arrival_span_s(trace, max_requests=40) < full
+
+
+def test_process_pool_matches_in_process() -> None:
+    from hicache.config import load_config
+    from studies.plan import build_configs, run_plan
+    from traces.io import read_trace
+
+    trace = read_trace(TRACE)
+    base = load_config(None, ["gpu.device_tokens=8192", "workload.max_requests=20"])
+    configs = build_configs(base, trace)
+    target = [Target("ttft_p90_s", 600.0)]
+    one = run_plan(configs, trace, target, 2, jobs=1, progress=False)
+    two = run_plan(configs, trace, target, 2, jobs=2, progress=False)
+    assert one.rows() == two.rows()
+    assert [c.instances for c in one.configs] == [1, 1, 1]
+
+
+# --- the command -----------------------------------------------------------------------------
+
+TINY = ["--set", "gpu.device_tokens=8192", "--set", "workload.max_requests=40"]
+
+
+def test_cli_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "plan"
+    argv = ["plan", str(TRACE), "--target", "ttft_p90=10min", *TINY, "--max-instances", "4",
+            "--jobs", "1", "--no-progress", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "no host tier / cache_aware" in text
+    assert "HiCache saves 0 instances (0.0%) against no host tier" in text
+    data = json.loads((out / "plan.json").read_text())
+    assert [c["variant"] for c in data["configurations"]] == ["no host tier", "host x2", "host x4"]
+    for c in data["configurations"]:
+        assert c["instances"] == 1
+        assert c["evaluations"][0]["instances"] == 1
+        assert "ttft_p90_s" in c["evaluations"][0]["summary"]
+    assert data["configurations"][0]["host_dram_gb_per_instance"] == 0
+    assert data["configurations"][2]["host_dram_gb_per_instance"] > 0
+    csv = (out / "plan.csv").read_text().splitlines()
+    assert len(csv) == 4 and csv[0].startswith("configuration,variant,router,instances")
+    assert (out / "plan.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--target", "ttft_p90"], "--target 'ttft_p90': expected NAME=VALUE"),
+        (["--target", "nope=2s"], "unknown summary key 'nope'; choose from"),
+        (["--target", "ttft_p90=1s", "--variant", "x"], "--variant 'x': expected NAME:"),
+        (["--target", "ttft_p90=1s", "--variant", "x:cache.nope=1"], "--variant 'x'"),
+        (["--target", "ttft_p90=1s", "--router", "best"], "--router: unknown router 'best'"),
+        (["--target", "ttft_p90=1s", "--set", "cluster.instances=2"], "what the plan searches"),
+    ],
+)
+def test_cli_errors_are_one_line(
+    extra: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "plan"
+    assert main(["plan", str(TRACE), *TINY, "--out", str(out), *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+    assert not out.exists()  # nothing written, nothing run
