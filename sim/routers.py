@@ -410,6 +410,10 @@ class CacheAwareRouter:
        either way, as the gateway's ``prefix_match`` does.
     3. Both paths insert the request's symbols for the chosen instance at time ``now``.
 
+    The tree's nodes are blocks of ``router.tree_block_tokens`` (whole pages; default 512):
+    **[model]** coarser than the gateway's characters, exact for traces that share prefixes in
+    512-token blocks (Mooncake's format), and 8x fewer nodes than one per 64-token page.
+
     When several instances share the deepest matched node the gateway returns the first in
     its hash map's iteration order (arbitrary); here the lowest index, so runs are
     reproducible. The gateway's eviction is a background thread waking every
@@ -425,23 +429,34 @@ class CacheAwareRouter:
         self.balance_rel = cfg.balance_rel_threshold
         self.interval_s = cfg.eviction_interval_s
         self.max_tree_tokens = cfg.max_tree_tokens
-        self.tree = PrefixTree(instances, page_size)
+        # a node per `pages` pages (router.tree_block_tokens): every pages-th page symbol
+        # identifies its block and everything before it, so it keys the block
+        self.pages = max(1, cfg.tree_block_tokens // page_size)
+        self.tree = PrefixTree(instances, self.pages * page_size)
         self._next_eviction_s = cfg.eviction_interval_s
+
+    def keys(self, req: PagedRequest) -> Sequence[Hashable]:
+        """The tree key of ``req``: one symbol per whole block of the prompt."""
+        k = self.pages
+        return req.symbols if k == 1 else req.symbols[k - 1 :: k]
 
     def route(self, req: PagedRequest, views: Sequence[InstanceView], now: float) -> int:
         self._maybe_evict(now)
         loads = _loads(views)
         balanced = not self._imbalanced(loads)
-        pick = self._by_prefix(req, loads, now) if balanced else _least_loaded(loads)
-        self.tree.insert(req.symbols, pick, now)
+        key = self.keys(req)
+        pick = self._by_prefix(req, key, loads, now) if balanced else _least_loaded(loads)
+        self.tree.insert(key, pick, now)
         return pick
 
     def _imbalanced(self, loads: Sequence[int]) -> bool:
         lo, hi = min(loads), max(loads)
         return hi - lo > self.balance_abs and hi > self.balance_rel * lo
 
-    def _by_prefix(self, req: PagedRequest, loads: Sequence[int], now: float) -> int:
-        path = self.tree.match(req.symbols)
+    def _by_prefix(
+        self, req: PagedRequest, key: Sequence[Hashable], loads: Sequence[int], now: float
+    ) -> int:
+        path = self.tree.match(key)
         if not path:
             return _least_loaded(loads)
         matched = min(path[-1].tenants)

@@ -371,6 +371,10 @@ class RouterConfig:
     # cache_aware: tokens of prefix the router remembers per instance; the gateway's 2^26
     # characters at ~4 characters per token [model]
     max_tree_tokens: int = 16_777_216
+    # cache_aware: tokens per node of the router's prefix tree (whole pages; 0 = one page). The
+    # gateway keys characters; Mooncake-format traces share prefixes in 512-token blocks, so
+    # nothing finer carries information for them, and a node per page costs 8x the memory
+    tree_block_tokens: int = 512
     # tier_aware: credit per cached prefix block on the device (Dynamo overlap_score_credit)
     device_weight: float = 1.0
     # tier_aware: credit per block cached on host only (Dynamo host_cache_hit_weight)
@@ -384,6 +388,7 @@ class RouterConfig:
         _at_least("router.balance_rel_threshold", self.balance_rel_threshold, 1.0)
         _positive("router.eviction_interval_s", self.eviction_interval_s)
         _at_least("router.max_tree_tokens", self.max_tree_tokens, 1)
+        _at_least("router.tree_block_tokens", self.tree_block_tokens, 0)
         _between("router.device_weight", self.device_weight, 0.0, 1.0)
         _between("router.host_weight", self.host_weight, 0.0, 1.0)
 

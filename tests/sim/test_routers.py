@@ -135,6 +135,7 @@ def test_session_affinity_sticks_to_the_first_instance_and_sessionless_go_least_
 
 
 def cache_aware(instances: int = 3, **knobs: Any) -> CacheAwareRouter:
+    knobs.setdefault("tree_block_tokens", 0)  # a node per page unless a test says otherwise
     r = build_router(RouterConfig(policy="cache_aware", **knobs), instances, PS)
     assert isinstance(r, CacheAwareRouter)
     return r
@@ -428,3 +429,21 @@ def test_build_router_rejects_an_unknown_policy_naming_the_choices() -> None:
         build_router(cfg, 2, PS)
     with pytest.raises(ValueError, match=r"router\.policy"):
         RouterConfig(policy="fastest")
+
+
+def test_cache_aware_tree_keys_whole_blocks() -> None:
+    """tree_block_tokens = 2 pages: a node per 2 pages, keyed by each block's last page symbol
+    (which identifies the block and all before it); a partial last block is not inserted and
+    the match rate counts whole blocks."""
+    r = cache_aware(instances=2, tree_block_tokens=2 * PS, cache_threshold=0.5)
+    assert r.pages == 2 and r.tree.page_size == 2 * PS
+    five = req([1, 2, 3, 4, 5])  # 5 pages: blocks (1, 2) and (3, 4); page 5 left out
+    assert list(r.keys(five)) == [2, 4]
+    vs = views(0, 0)
+    assert r.route(five, vs, 0.0) == 0
+    assert r.tree.sizes == [4 * PS, 0]
+    # 4 of 5 pages matched (0.8 > 0.5): to instance 0 even though it is busier
+    vs[0].load = 1
+    assert r.route(req([1, 2, 3, 4, 9]), vs, 1.0) == 0
+    # only the first block shared: 2 of 6 pages (0.33): least loaded
+    assert r.route(req([1, 2, 7, 8, 9, 10]), vs, 2.0) == 1
