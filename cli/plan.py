@@ -59,7 +59,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "--max-instances", type=int_at_least(1), default=64,
         help="the largest instance count tried (default 64); beyond it: '> max'",
     )  # fmt: skip
-    p.add_argument("--out", type=Path, help="folder for plan.json, plan.csv and plan.png")
+    p.add_argument(
+        "--out", type=Path, help="folder for plan.json, plan.csv, plan.png and plan.html"
+    )
     add_config_options(p)
     p.add_argument(
         "--jobs", type=jobs_arg, default=0,

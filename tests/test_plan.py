@@ -275,6 +275,8 @@ def test_cli_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     csv = (out / "plan.csv").read_text().splitlines()
     assert len(csv) == 4 and csv[0].startswith("configuration,variant,router,instances")
     assert (out / "plan.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    page = (out / "plan.html").read_text()
+    assert "<svg" in page and "Capacity plan" in page and "ttft_p90" in page
 
 
 @pytest.mark.parametrize(

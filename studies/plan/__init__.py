@@ -310,21 +310,29 @@ def _n(e: Evaluation) -> int:
 
 
 def write_plan(plan: Plan, out: Any) -> list[Any]:
-    """``plan.json``, ``plan.csv`` and ``plan.png`` in folder ``out`` (created), atomically;
-    the paths written."""
+    """``plan.json``, ``plan.csv``, ``plan.png`` and ``plan.html`` (the report: targets,
+    savings, table and figure) in folder ``out`` (created), atomically; the paths written."""
     from pathlib import Path
 
     import pandas as pd
 
     from studies.plan.figure import plot_plan
-    from traces.fsutil import write_bytes_atomic, write_csv_atomic, write_json_atomic
+    from studies.plan.html import plan_html
+    from traces.fsutil import (
+        write_bytes_atomic,
+        write_csv_atomic,
+        write_json_atomic,
+        write_text_atomic,
+    )
 
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
-    paths = [folder / "plan.json", folder / "plan.csv", folder / "plan.png"]
+    names = ("plan.json", "plan.csv", "plan.png", "plan.html")
+    paths = [folder / n for n in names]
     write_json_atomic(plan.to_json(), paths[0], indent=1)
     write_csv_atomic(pd.DataFrame(plan.rows()), paths[1])
     write_bytes_atomic(plot_plan(plan), paths[2])
+    write_text_atomic(plan_html(plan), paths[3])
     return paths
 
 

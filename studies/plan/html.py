@@ -1,0 +1,72 @@
+"""The plan as a self-contained HTML page (``plan.html``): the targets, what the host tier
+saves, the table of configurations and the planning figure (inline SVG), readable offline."""
+
+from __future__ import annotations
+
+import html
+import math
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from studies.plan import Plan
+
+_STYLE = (
+    "body{font-family:system-ui,sans-serif;margin:2rem;max-width:1200px;color:#222}"
+    "table{border-collapse:collapse;margin:1rem 0}td,th{padding:.25rem .6rem;"
+    "border-bottom:1px solid #ddd;text-align:right}td:first-child,th:first-child"
+    "{text-align:left}th{background:#f4f4f4}figure{margin:1rem 0}svg{max-width:100%;"
+    "height:auto}.note{color:#555}"
+)
+
+
+def _cell(key: str, value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    if key.endswith("hit_rate"):
+        return f"{value:.1%}"
+    if key.endswith("_s"):
+        return f"{value * 1e3:.0f} ms" if value < 1 else f"{value:.2f} s"
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return str(value)
+
+
+def plan_html(plan: Plan) -> str:
+    """The page (a string); deterministic for a given plan."""
+    from studies.plan.figure import plot_plan
+
+    cols = ["configuration", "instances", "gpu_hours", "host_dram_gb_per_instance", "hit_rate",
+            "device_hit_rate", "host_hit_rate", *(t.key for t in plan.targets)]  # fmt: skip
+    names = {"gpu_hours": "GPU-hours", "host_dram_gb_per_instance": "host DRAM / instance [GB]",
+             "device_hit_rate": "device hits", "host_hit_rate": "host hits"}  # fmt: skip
+    head = "".join(f"<th>{html.escape(names.get(c, c))}</th>" for c in cols)
+    body = []
+    for r in plan.rows():
+        cells = []
+        for c in cols:
+            v = r[c]
+            text = f"&gt; {plan.max_instances}" if c == "instances" and v is None else None
+            cells.append(f"<td>{text or html.escape(_cell(c, v))}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    targets = ", ".join(t.label for t in plan.targets)
+    savings = "".join(f"<li>{html.escape(s)}</li>" for s in _savings(plan))
+    svg = plot_plan(plan, fmt="svg").decode()
+    svg = svg[svg.index("<svg") :]
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>hicache-sim plan</title><style>{_STYLE}</style></head><body>"
+        "<h1>Capacity plan</h1>"
+        f"<p>Targets: {html.escape(targets)}, and not overloaded. Smallest number of instances "
+        f"that meets them, searched up to {plan.max_instances} (doubling, then bisection).</p>"
+        f"<ul>{savings}</ul>"
+        f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+        '<p class="note">GPU-hours: instances × model.tp × the trace\'s arrival span. The '
+        "figures rest on the simulator's timing profile (FIDELITY.md).</p>"
+        f"<figure>{svg}</figure></body></html>\n"
+    )
+
+
+def _savings(plan: Plan) -> list[str]:
+    from studies.plan import savings_lines
+
+    return savings_lines(plan)
