@@ -38,7 +38,9 @@ def plan_html(plan: Plan) -> str:
     cols = ["configuration", "instances", "gpu_hours", "host_dram_gb_per_instance", "hit_rate",
             "device_hit_rate", "host_hit_rate", *(t.key for t in plan.targets)]  # fmt: skip
     names = {"gpu_hours": "GPU-hours", "host_dram_gb_per_instance": "host DRAM / instance [GB]",
-             "device_hit_rate": "device hits", "host_hit_rate": "host hits"}  # fmt: skip
+             "hit_rate": "hit rate", "device_hit_rate": "device hits",
+             "host_hit_rate": "host hits",
+             **{t.key: t.key.removesuffix("_s") for t in plan.targets}}  # fmt: skip
     head = "".join(f"<th>{html.escape(names.get(c, c))}</th>" for c in cols)
     body = []
     for r in plan.rows():
