@@ -163,3 +163,46 @@ def test_the_report_averages_a_cluster_over_its_instances(tmp_path: Path) -> Non
         assert 0.0 <= tot["d2h_busy"] <= 1.0
     # four instances share the same work: less of each instance's pool and link is busy
     assert pcie_totals(four)["d2h_busy"] < pcie_totals(one)["d2h_busy"]
+
+
+class Scripted:
+    """Routes request ``rid`` to ``plan[rid]``."""
+
+    name = "scripted"
+
+    def __init__(self, plan: dict[int, int]) -> None:
+        self.plan = plan
+
+    def route(self, r: PagedRequest, views: Sequence[Instance], now: float) -> int:
+        return self.plan[r.rid]
+
+
+def test_tier_aware_credits_a_real_host_copy_over_recomputing() -> None:
+    """A prefix that instance 0 served and then evicted to host (write_through backed it up):
+    the tier-aware router reads it from the real cache and prefers instance 0 to an idle
+    instance 1 that would recompute; with no host credit the two cost the same."""
+    from hicache.config import RouterConfig
+    from sim.routers import TierAwareRouter
+    from sim.scheduler import SchedulerParams
+
+    prefix = tuple(range(40))  # 40 pages of 16 tokens
+    first = req(0, prompt=640, outputs=4, arrival=0.0, symbols=prefix)
+    fillers = [req(i, prompt=640, outputs=4, arrival=0.1 * i,
+                   symbols=range(10_000 * i, 10_000 * i + 40)) for i in range(1, 6)]  # fmt: skip
+    e = Engine([first, *fillers], device_tokens=2048, host_tokens=16384, page_size=16,
+               write_policy="write_through", eviction="lru", costs=costs(),
+               sched=SchedulerParams(page_size=16), closed_loop=False, progress=False,
+               instances=2, router=Scripted({i: 0 for i in range(6)}))  # fmt: skip
+    e.run()
+    follow = req(
+        9, prompt=800, outputs=4, arrival=1.0, symbols=(*prefix, *range(50_000, 50_010))
+    ).req
+    dev0, host0 = e.instances[0].cached_prefix(follow)
+    assert host0 > 0 and dev0 + host0 == 640  # the prefix is cached, partly or all on host
+    assert e.instances[1].cached_prefix(follow) == (0, 0)
+    tier = TierAwareRouter(RouterConfig(policy="tier_aware"), 16)
+    assert tier.cost(follow, e.instances[0]) < tier.cost(follow, e.instances[1])
+    assert tier.route(follow, e.instances, 1.0) == 0
+    blind = TierAwareRouter(RouterConfig(policy="tier_aware", host_weight=0.0), 16)
+    gap = blind.cost(follow, e.instances[1]) - blind.cost(follow, e.instances[0])
+    assert gap == pytest.approx(dev0 / 16)  # only the device part still counts
