@@ -120,8 +120,10 @@ class Instance:
         return sum(r.input_length - r.filled for r in self.sched.waiting)
 
     def running_tokens(self) -> int:
-        """KV tokens its running requests hold."""
-        return sum(r.kv_tokens for r in self.sched.running)
+        """KV tokens its running requests hold (with the steps of a decode call in progress,
+        which the requests' own counters receive when it ends)."""
+        s = self.sched
+        return sum(r.kv_tokens for r in s.running) + len(s.running) * s.pending_steps
 
     def cached_prefix(self, req: PagedRequest) -> tuple[int, int]:
         """``(device, host-only)`` tokens of ``req``'s prompt prefix in this cache, matched as

@@ -16,6 +16,7 @@ Simplifications (documented, deliberate):
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from collections.abc import Callable, Generator, Hashable
 from dataclasses import dataclass, field
@@ -143,6 +144,8 @@ class Scheduler:
         self.new_token_ratio = init
         self._wake: simpy.Event = env.event()
         self.spans: list[tuple[str, float, float, int]] = []  # compute: (kind, start, end, bs)
+        # decode steps a decode call has run but not yet added to the requests' counters
+        self.pending_steps = 0
 
     # ---------------------------------------------------------------------------- inbox --
     def arrive(self, req: SimReq) -> None:
@@ -333,13 +336,24 @@ class Scheduler:
             self.running.append(req)
 
     # --------------------------------------------------------------------------- decode --
-    def _run_decode(self) -> Generator[simpy.Event, Any, None]:
+    def _run_decode(self, chain: bool = True) -> Generator[simpy.Event, Any, None]:
+        """Decode segments: runs of steps in which nothing can change a decision.
+
+        The first segment starts with the decode memory check (SGLang's ``check_decode_mem``:
+        a request whose written KV fills whole pages needs a page now; short of pages, evict,
+        then retract). A segment ends at the next page boundary or finish; with an empty
+        queue it also stops before the step that would cross the next arrival; with waiting
+        requests it is one step. Consecutive segments then follow inside this call exactly as
+        the scheduler loop would run them, while nothing waits, nobody finishes, no arrival
+        cut a segment and the free pages cover each boundary (the memory check would neither
+        evict nor retract): same events, same times, same page order, but each request's
+        counters move once per call instead of once per segment (a heap finds the requests
+        at each boundary), which is what a long decode costs. ``chain`` False: one segment
+        (tests drive the scheduler segment by segment)."""
         env, cache, ps = self.env, self.cache, self.p.page_size
         cache.writing_check()  # flush_write_through_acks
         run = self.running
         dev = cache.controller.device
-        # check_decode_mem: a step writes one KV token per request; requests whose written KV
-        # fills whole pages need a new page now
         at_boundary = [r for r in run if r.kv_tokens % ps == 0]
         need = ps * len(at_boundary)
         if need and dev.available_size() < need:
@@ -356,35 +370,70 @@ class Scheduler:
                     "for this trace's longest request)"
                 )
         for r in at_boundary:
-            page = dev.alloc_pages(1)
-            assert page is not None and r.kv is not None
-            r.kv.kv += page
-        # steps until something can change a decision: a page boundary or a finish (and, with
-        # an empty queue, the next arrival; with waiting requests, every step re-checks)
-        k = min(min(r.output_length - r.decoded, ps - r.kv_tokens % ps) for r in run)
+            self._new_page(r)
         bs = len(run)
         a, b = self.cost.decode_coeffs(bs)
-        step0 = a + b * sum(r.kv_tokens for r in run)
-        start = max(env.now, self.ctrl.take_stall())
-        if self.waiting or self.chunked is not None:
-            k = 1
-        else:
-            budget = self.next_arrival() - start
-            kk, t = 1, step0
-            while kk < k and t + step0 + b * bs * kk <= budget:
-                t += step0 + b * bs * kk
-                kk += 1
-            k = kk
-        dur = k * step0 + b * bs * k * (k - 1) / 2  # steps of a + b*(kv0 + j*bs), j < k
-        self.new_token_ratio = max(self.min_ratio, self.new_token_ratio - self.ratio_decay * k)
-        yield env.timeout(start + dur - env.now)
-        self.spans.append(("decode", start, start + dur, bs))
+        kv0 = sum(r.kv_tokens for r in run)
+        finish = min(r.output_length - r.decoded for r in run)  # steps to the first finish
+        # (steps from now to the request's next page boundary, its index in the batch)
+        bounds = [(ps - r.kv_tokens % ps, i) for i, r in enumerate(run)]
+        heapq.heapify(bounds)
+        done = 0
+        while True:
+            if done and not self._next_boundary_pages(bounds, done):
+                break
+            k = min(finish - done, bounds[0][0] - done)
+            step0 = a + b * (kv0 + bs * done)
+            start = max(env.now, self.ctrl.take_stall())
+            cut = False
+            if self.waiting or self.chunked is not None:
+                k = 1
+            else:
+                budget = self.next_arrival() - start
+                kk, t = 1, step0
+                while kk < k and t + step0 + b * bs * kk <= budget:
+                    t += step0 + b * bs * kk
+                    kk += 1
+                cut, k = kk < k, kk
+            dur = k * step0 + b * bs * k * (k - 1) / 2  # steps of a + b*(kv0 + j*bs), j < k
+            self.new_token_ratio = max(self.min_ratio, self.new_token_ratio - self.ratio_decay * k)
+            yield env.timeout(start + dur - env.now)
+            self.spans.append(("decode", start, start + dur, bs))
+            done += k
+            self.pending_steps = done
+            if not chain or done >= finish or cut or self.waiting or self.chunked is not None:
+                break
+        self.pending_steps = 0
         for r in list(run):
-            r.decoded += k
-            r.kv_tokens += k
+            r.decoded += done
+            r.kv_tokens += done
             if r.decoded >= r.output_length:
                 run.remove(r)
                 self._finish(r)
+
+    def _new_page(self, r: SimReq) -> None:
+        page = self.cache.controller.device.alloc_pages(1)
+        assert page is not None and r.kv is not None
+        r.kv.kv += page
+
+    def _next_boundary_pages(self, bounds: list[tuple[int, int]], done: int) -> bool:
+        """Between two segments of one decode call: what the scheduler loop runs first (the
+        HiCache events, the write-through acks), then the memory check of the requests at a
+        page boundary after ``done`` steps. True when their pages were taken (in batch order,
+        as the check does); False when the free pages fall short (the check would evict or
+        retract: the caller stops, and the next call runs the check in full)."""
+        cache, ps = self.cache, self.p.page_size
+        cache.check_hicache_events()
+        cache.writing_check()
+        at = []
+        while bounds and bounds[0][0] == done:
+            at.append(heapq.heappop(bounds)[1])  # (step, index) order: batch order
+        if cache.controller.device.available_size() < ps * len(at):
+            return False
+        for i in at:
+            heapq.heappush(bounds, (done + ps, i))
+            self._new_page(self.running[i])
+        return True
 
     def _retract_one(self) -> None:
         run = self.running

@@ -106,7 +106,7 @@ def prefill_all(e: Engine, *reqs: SimReq) -> int:
 
 def decode_once(e: Engine) -> None:
     """Run one decode segment (the decode memory check, retractions, k steps)."""
-    e.env.process(e.sched._run_decode())
+    e.env.process(e.sched._run_decode(chain=False))
     e.env.run()
 
 
