@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from hicache.policy.controller import BaseController
 from hicache.policy.hiradix import HiRadixCache, MatchResult
-from hicache.policy.radix import PageKey, TreeNode
+from hicache.policy.radix import ExtendedPageKey, PageKey, TreeNode
 
 if TYPE_CHECKING:
     from traces.schema import Trace
@@ -196,10 +196,14 @@ class KVLifecycle:
         n = len(prompt)
         if full <= n:
             return prompt if full == n else PageKey(prompt[:full])
-        while len(out_symbols) < full - n:
-            self._uniq -= 1
-            out_symbols.append(self._uniq)
-        return PageKey((*prompt, *out_symbols[: full - n]))
+        short = full - n - len(out_symbols)
+        if short > 0:
+            # -(u+1), -(u+2), ... in one C-level range: the symbols one append at a time would
+            # give, without a Python loop per output page
+            u = self._uniq
+            out_symbols.extend(range(u - 1, u - 1 - short, -1))
+            self._uniq = u - short
+        return ExtendedPageKey(prompt, out_symbols[: full - n])
 
     # ---------------------------------------------------------------------- admission --
     def match(self, key: Sequence[Hashable], fill_len: int) -> MatchResult:
@@ -237,7 +241,8 @@ class KVLifecycle:
             prefix, last = self.load_back(m)
             self.release(m.last_device_node)
         else:
-            prefix, last = list(m.device_indices), m.last_device_node
+            # m is dropped here, so its freshly built index list can be the request's own
+            prefix, last = m.device_indices, m.last_device_node
         loaded = len(prefix) - m.device_pages
         return Admitted(self.lock(key, prefix, last), m.device_pages, loaded)
 
@@ -255,17 +260,27 @@ class KVLifecycle:
         """Pages for the rest of a lone request's prompt (the partial last page included),
         evicting the full need plus one page of over-estimate when ``page_size > 1``. On
         ``None`` the request is aborted (:meth:`abort`)."""
+        have = len(kv.kv)
+        if not self.reserve_prompt(kv, prompt_tokens):
+            return None
+        return kv.kv[have:]
+
+    def reserve_prompt(self, kv: ReqKV, prompt_tokens: int) -> bool:
+        """:meth:`alloc_prompt` for a caller that does not need the new pages as a list of
+        their own: they are only appended to ``kv.kv``. ``False``: aborted."""
         p = self.page_size
         have = len(kv.kv)
         need = -(-prompt_tokens // p) - have
         if need <= 0:
-            return []
-        pages = self.alloc(need, prompt_tokens - have * p + (p if p > 1 else 0))
-        if pages is None:
+            return True
+        dev = self.cache.controller.device
+        evict_tokens = prompt_tokens - have * p + (p if p > 1 else 0)
+        if dev.available_size() < evict_tokens:  # as alloc()
+            self.cache.evict(evict_tokens)
+        if not dev.alloc_into(kv.kv, need):
             self.abort(kv)
-            return None
-        kv.kv += pages
-        return pages
+            return False
+        return True
 
     def alloc_outputs(self, kv: ReqKV, kv_tokens: int) -> bool:
         """Decode pages of a lone request up to ``kv_tokens``: all at once when free, else one
@@ -276,18 +291,16 @@ class KVLifecycle:
         if need <= 0:
             return True
         dev = self.cache.controller.device
-        got = dev.alloc_pages(need) if dev.free_page_count() >= need else None
-        if got is None:
-            got = []
-            for _ in range(need):
-                page = self.alloc(1, p)
-                if page is None:
-                    break
-                got += page
-        kv.kv += got
-        if len(got) < need:
-            self.abort(kv)
-            return False
+        if dev.free_page_count() >= need:
+            dev.alloc_into(kv.kv, need)
+            return True
+        cache = self.cache
+        for _ in range(need):  # one page at a time, as alloc(1, p) (evicting p tokens if short)
+            if dev.available_size() < p:
+                cache.evict(p)
+            if not dev.alloc_into(kv.kv, 1):
+                self.abort(kv)
+                return False
         return True
 
     # ------------------------------------------------------------------------- insert --
@@ -318,7 +331,8 @@ def cache_unfinished_req(cache: HiRadixCache, req: ReqKV, chunked: bool = False)
     """Insert the request's full pages so far, free its duplicates, and re-pin the new path."""
     n = len(req.key)
     key = req.key if isinstance(req.key, PageKey) else PageKey(req.key)
-    prefix_pages = cache.insert(key, req.kv[:n], chunked=chunked) // cache.page_size
+    # insert reads only the first n pages of the value it is given: no slice copy needed
+    prefix_pages = cache.insert(key, req.kv, chunked=chunked) // cache.page_size
     if prefix_pages > req.protected_pages:
         cache.controller.free_device(req.kv[req.protected_pages : prefix_pages])
     m = cache.match_prefix(key)
@@ -352,7 +366,7 @@ def cache_finished_req(
         key = (
             req.key if n == len(req.key) and isinstance(req.key, PageKey) else PageKey(req.key[:n])
         )
-        prefix_pages = cache.insert(key, req.kv[:n]) // cache.page_size
+        prefix_pages = cache.insert(key, req.kv) // cache.page_size  # reads req.kv[:n] only
         if prefix_pages > req.protected_pages:
             ctrl.free_device(req.kv[req.protected_pages : prefix_pages])
         tail = req.kv[n:]

@@ -52,7 +52,7 @@ from hicache.policy import (
     PageKey,
     TreeNode,
 )
-from hicache.policy.allocator import device_pool
+from hicache.policy.allocator import device_pool, page_ids
 
 EVICTIONS = (*STRATEGIES, "oracle")
 
@@ -112,8 +112,12 @@ class CacheReplay:
         cfg.validate()
         self.cfg = cfg
         p = cfg.page_size
-        self.device = device_pool(cfg.device_tokens // p, p)
-        self.host = PageAllocator(cfg.host_tokens // p, p, "host") if cfg.host_tokens else None
+        # one set of page-id objects for both pools (same ids, less memory to touch)
+        ids = page_ids(max(cfg.device_tokens, cfg.host_tokens) // p)
+        self.device = device_pool(cfg.device_tokens // p, p, ids)
+        self.host = (
+            PageAllocator(cfg.host_tokens // p, p, "host", ids=ids) if cfg.host_tokens else None
+        )
         self.ctrl = ImmediateController(self.device, self.host)
         self.cache = HiRadixCache(
             self.ctrl,
@@ -134,7 +138,7 @@ class CacheReplay:
         if a.loaded_pages:
             cache.ready_to_load_host_cache()
             cache.loading_check()
-        if life.alloc_prompt(a.kv, r.input_length) is None:
+        if not life.reserve_prompt(a.kv, r.input_length):
             res.oom_requests += 1
             return 0, 0
         life.after_prefill(a.kv)

@@ -9,7 +9,20 @@ it only matters to the replay, where contiguous runs of pages become single copi
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable
+
+#: The initial free list is held in chunks of at most this many pages (see ``PageAllocator``).
+_INIT_CHUNK = 4096
+
+
+def _initial_chunks(num_pages: int, ids: list[int] | None) -> deque[list[int]]:
+    if ids is None:
+        return deque(
+            list(range(i, min(i + _INIT_CHUNK, num_pages)))
+            for i in range(0, num_pages, _INIT_CHUNK)
+        )
+    return deque(ids[i : min(i + _INIT_CHUNK, num_pages)] for i in range(0, num_pages, _INIT_CHUNK))
 
 
 class PageAllocator:
@@ -17,19 +30,44 @@ class PageAllocator:
 
     Sizes in the public API are in **tokens** (always multiples of ``page_size``), like SGLang's
     ``available_size()``; the ids handed out are page ids.
+
+    The free list is stored as a queue of non-empty lists whose concatenation (the first one
+    read from ``_pos``) is the free list in order; ``free`` in FIFO mode appends the caller's
+    list itself, so returning pages costs nothing per page. No stored list is ever modified:
+    allocation copies out of them.
     """
 
-    __slots__ = ("_free", "_head", "name", "num_pages", "page_size", "reuse")
+    __slots__ = (
+        "_chunks",
+        "_count",
+        "_front",
+        "_ids",
+        "_pos",
+        "name",
+        "num_pages",
+        "page_size",
+        "reuse",
+    )
 
     def __init__(
-        self, num_pages: int, page_size: int, name: str = "pool", reuse: str = "fifo"
+        self,
+        num_pages: int,
+        page_size: int,
+        name: str = "pool",
+        reuse: str = "fifo",
+        ids: list[int] | None = None,
     ) -> None:
         """``reuse``: ``"fifo"`` appends freed pages at the tail (SGLang's host pool and its
         page-size-1 device allocator); ``"front"`` puts each freed batch, sorted and de-duplicated,
-        at the head so it is reused first (SGLang's paged device allocator)."""
+        at the head so it is reused first (SGLang's paged device allocator).
+
+        ``ids``: ``list(range(k))`` with ``k >= num_pages`` (:func:`page_ids`) to take the page-id
+        int objects from, so that pools built from one list share them (same values, fewer
+        objects to touch: faster at page size 1). It changes no page id."""
         if reuse not in ("fifo", "front"):
             raise ValueError(f"{name}: reuse must be 'fifo' or 'front', got {reuse!r}")
         self.reuse = reuse
+        self._front = reuse == "front"
         if page_size < 1:
             raise ValueError(f"{name}: page_size must be >= 1, got {page_size}")
         if num_pages < 0:
@@ -37,10 +75,12 @@ class PageAllocator:
         self.name = name
         self.num_pages = num_pages
         self.page_size = page_size
-        # FIFO as a list plus a head index: allocation and freeing are C-level slices, so a
-        # page-size-1 pool handing out thousands of pages per request stays cheap
-        self._free: list[int] = list(range(num_pages))
-        self._head = 0
+        if ids is not None and (len(ids) < num_pages or ids[:num_pages] != list(range(num_pages))):
+            raise ValueError(f"{name}: ids must start with 0 .. {num_pages - 1} in order")
+        self._ids = ids
+        self._chunks = _initial_chunks(num_pages, ids)
+        self._pos = 0
+        self._count = num_pages
 
     @property
     def capacity_tokens(self) -> int:
@@ -48,10 +88,10 @@ class PageAllocator:
 
     def available_size(self) -> int:
         """Free capacity in tokens (side-effect free)."""
-        return (len(self._free) - self._head) * self.page_size
+        return self._count * self.page_size
 
     def free_page_count(self) -> int:
-        return len(self._free) - self._head
+        return self._count
 
     def alloc(self, num_tokens: int) -> list[int] | None:
         """Take ``num_tokens / page_size`` pages from the head of the free list.
@@ -67,45 +107,93 @@ class PageAllocator:
         return self.alloc_pages(num_tokens // self.page_size)
 
     def alloc_pages(self, n: int) -> list[int] | None:
-        head = self._head
-        end = head + n
-        free = self._free
-        if end > len(free):
+        """The first ``n`` free pages (a new list), or ``None`` when fewer are free."""
+        if n > self._count:
             return None
-        out = free[head:end]
-        if end * 2 > len(free) + 4096:
-            del free[:end]  # compact: drop the consumed prefix
-            self._head = 0
-        else:
-            self._head = end
+        first = self._chunks[0] if n > 0 else None
+        pos = self._pos
+        if first is not None and pos + n < len(first):  # within the head list: one slice
+            self._pos = pos + n
+            self._count -= n
+            return first[pos : pos + n]
+        out: list[int] = []
+        self.alloc_into(out, n)
         return out
 
+    def alloc_into(self, dest: list[int], n: int) -> bool:
+        """Append the first ``n`` free pages to ``dest`` (what ``dest += alloc_pages(n)`` does,
+        without the intermediate list); ``False`` (nothing changed) when fewer are free."""
+        count = self._count
+        if n > count:
+            return False
+        if n <= 0:
+            return True
+        self._count = count - n
+        chunks = self._chunks
+        pos = self._pos
+        need = n
+        while True:
+            c = chunks[0]
+            k = len(c) - pos
+            if k > need:
+                dest += c[pos : pos + need]
+                self._pos = pos + need
+                return True
+            dest += c[pos:] if pos else c
+            chunks.popleft()
+            pos = 0
+            need -= k
+            if not need:
+                self._pos = 0
+                return True
+
     def free(self, pages: Iterable[int]) -> None:
-        """Return pages to the free list (tail, or sorted at the head in ``"front"`` mode)."""
-        if self.reuse == "fifo":
-            self._free.extend(pages)
+        """Return pages to the free list (tail, or sorted at the head in ``"front"`` mode).
+
+        In FIFO mode a ``list`` is kept as it is, not copied: the caller must not modify it
+        afterwards (the policy core frees node values it drops, and fresh slices).
+        """
+        if not self._front:
+            if type(pages) is not list:
+                pages = list(pages)
+            if pages:
+                self._chunks.append(pages)
+                self._count += len(pages)
             return
         new = sorted(set(pages))
-        k, head = len(new), self._head
-        if k <= head:
-            self._free[head - k : head] = new
-            self._head = head - k
-        else:
-            self._free[head:head] = new
+        if not new:
+            return
+        chunks = self._chunks
+        if self._pos:
+            chunks[0] = chunks[0][self._pos :]
+            self._pos = 0
+        chunks.appendleft(new)
+        self._count += len(new)
 
     def clear(self) -> None:
         """Every page free again, in id order (SGLang's ``clear()`` on flush)."""
-        self._free = list(range(self.num_pages))
-        self._head = 0
+        self._chunks = _initial_chunks(self.num_pages, self._ids)
+        self._pos = 0
+        self._count = self.num_pages
 
     def free_pages_snapshot(self) -> list[int]:
         """The free list in order (for invariant checks and tests)."""
-        return self._free[self._head :]
+        out: list[int] = []
+        for i, c in enumerate(self._chunks):
+            out += c[self._pos :] if i == 0 else c
+        return out
 
 
-def device_pool(num_pages: int, page_size: int) -> PageAllocator:
+def page_ids(num_pages: int) -> list[int]:
+    """``list(range(num_pages))``: page-id objects for pools to share (``PageAllocator(ids=)``)."""
+    return list(range(num_pages))
+
+
+def device_pool(num_pages: int, page_size: int, ids: list[int] | None = None) -> PageAllocator:
     """A device allocator that reuses pages in SGLang's order for this page size."""
-    return PageAllocator(num_pages, page_size, "device", reuse="front" if page_size > 1 else "fifo")
+    return PageAllocator(
+        num_pages, page_size, "device", reuse="front" if page_size > 1 else "fifo", ids=ids
+    )
 
 
 def host_pool_tokens(

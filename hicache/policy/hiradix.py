@@ -27,7 +27,7 @@ from typing import Any
 
 from hicache.policy.controller import TransferController
 from hicache.policy.eviction import KeyFn, get_strategy
-from hicache.policy.radix import TreeNode, child_key, match_len, to_page_key
+from hicache.policy.radix import TreeNode, child_key, key_source, match_len, to_page_key
 
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 
@@ -287,6 +287,7 @@ class HiRadixCache:
         """Pin ``node`` and its ancestors (not root) on device; returns the evictable delta."""
         delta = 0
         root = self.root
+        leaves, host_leaves = self.evictable_leaves, self.evictable_host_leaves
         while node is not root:
             if node.lock_ref == 0:
                 n = len(node.key)
@@ -294,8 +295,9 @@ class HiRadixCache:
                 self._protected_pages += n
                 delta -= n
             node.lock_ref += 1
-            self._update_leaf_status(node)
-            self._update_host_leaf_status(node)
+            # _update_leaf_status / _update_host_leaf_status of a locked node: not a member
+            leaves.discard(node)
+            host_leaves.discard(node)
             parent = node.parent
             assert parent is not None
             node = parent
@@ -305,6 +307,7 @@ class HiRadixCache:
         """Undo one ``inc_lock_ref(node)``; returns the evictable delta (>= 0)."""
         delta = 0
         root = self.root
+        leaves, host_leaves = self.evictable_leaves, self.evictable_host_leaves
         while node is not root:
             if node.lock_ref == 1:
                 n = len(node.key)
@@ -314,8 +317,12 @@ class HiRadixCache:
             if node.lock_ref <= 0:
                 raise AssertionError(f"dec_lock_ref below zero on {node!r}")
             node.lock_ref -= 1
-            self._update_leaf_status(node)
-            self._update_host_leaf_status(node)
+            if node.lock_ref:  # still locked: what the two updates do for a locked node
+                leaves.discard(node)
+                host_leaves.discard(node)
+            else:
+                self._update_leaf_status(node)
+                self._update_host_leaf_status(node)
             parent = node.parent
             assert parent is not None
             node = parent
@@ -344,13 +351,30 @@ class HiRadixCache:
         self._touch(node)
         off = 0
         n = len(pkey) if limit is None else min(len(pkey), limit // self.page_size)
+        src = key_source(pkey)
+        leaves, host_leaves = self.evictable_leaves, self.evictable_host_leaves
         while off < n:
-            child = node.children.get(child_key(pkey, off, extra_key))
+            first = pkey[off]
+            child = node.children.get(first if extra_key is None else (extra_key, first))
             if child is None:
                 break
-            self._touch(child)
-            p = match_len(child.key, pkey, off, n)
-            if p < len(child.key):
+            # self._touch(child), inlined
+            self._clock += 1
+            child.last_access_time = self._clock
+            if child in leaves:
+                self._dirty.add(child)
+            elif child in host_leaves:
+                self._host_dirty.add(child)
+            ck = child.key
+            memo = child._kmemo
+            if memo is not None and memo[1] is src and memo[2] == off and memo[0] is ck:
+                # ck was cut from this very key at this offset: equal without comparing
+                p = len(ck) if off + len(ck) <= n else n - off
+            else:
+                p = match_len(ck, pkey, off, n)
+                if p == len(ck) and src is not None and off + p <= len(src):
+                    child._kmemo = (ck, src, off)  # just compared equal: remember it
+            if p < len(ck):
                 upper = self._split_node(child, p)
                 if upper.value is not None:
                     segments.append(upper.value)
@@ -412,6 +436,12 @@ class HiRadixCache:
         key = child.key
         new.key = key[:split]
         child.key = key[split:]
+        memo = child._kmemo
+        if memo is not None and memo[0] is key:
+            new._kmemo = (new.key, memo[1], memo[2])
+            child._kmemo = (child.key, memo[1], memo[2] + split)
+        else:
+            child._kmemo = None
         new.children = {child_key(child.key, 0, child.extra_key): child}
         parent = child.parent
         assert parent is not None
@@ -444,7 +474,8 @@ class HiRadixCache:
         priority: int = 0,
         extra_key: str | None = None,
     ) -> int:
-        """Insert ``key`` with the caller's device pages ``value`` (one page id per key page).
+        """Insert ``key`` with the caller's device pages ``value`` (one page id per key page;
+        only the first ``len(key)`` pages are read, so a longer list need not be sliced first).
 
         Returns ``prefix_len``: the tokens of the leading part that was already on device (the
         caller frees its own duplicate pages there). Host-only nodes on the path adopt the caller's
@@ -462,21 +493,38 @@ class HiRadixCache:
         node = self.root
         off = 0
         total = 0
+        src = key_source(pkey)
+        leaves, host_leaves = self.evictable_leaves, self.evictable_host_leaves
         while off < n:
-            child = node.children.get(child_key(pkey, off, extra_key))
+            first = pkey[off]
+            child = node.children.get(first if extra_key is None else (extra_key, first))
             if child is None:
                 break
             node = child
-            self._touch(node)
+            # self._touch(node), inlined
+            self._clock += 1
+            node.last_access_time = self._clock
+            if node in leaves:
+                self._dirty.add(node)
+            elif node in host_leaves:
+                self._host_dirty.add(node)
             if priority > node.priority:
                 node.priority = priority
-            p = match_len(node.key, pkey, off)
-            if p < len(node.key):
+            ck = node.key
+            memo = node._kmemo
+            if memo is not None and memo[1] is src and memo[2] == off and memo[0] is ck:
+                p = len(ck)  # cut from this very key at this offset (see match_prefix)
+            else:
+                p = match_len(ck, pkey, off)
+                if p == len(ck) and src is not None and off + p <= len(src):
+                    node._kmemo = (ck, src, off)  # just compared equal: remember it
+            if p < len(ck):
                 node = self._split_node(node, p)
                 if priority > node.priority:
                     node.priority = priority
             if node.value is None:
-                self._adopt(node, list(value[off : off + p]))
+                pages = value[off : off + p]
+                self._adopt(node, pages if type(pages) is list else list(pages))
             else:
                 self._inc_hit_count(node, chunked)
                 total += p
@@ -485,12 +533,18 @@ class HiRadixCache:
             leaf = self._new_node(priority)
             leaf.extra_key = extra_key
             leaf.key = pkey[off:]
-            leaf.value = list(value[off:n])
+            if src is not None and n <= len(src):
+                leaf._kmemo = (leaf.key, src, off)
+            pages = value[off:n]  # a list slice is already a fresh list: copy only once
+            leaf.value = pages if type(pages) is list else list(pages)
             leaf.parent = node
             node.children[child_key(pkey, off, extra_key)] = leaf
             self._evictable_pages += n - off
-            self._update_leaf_status(node)
-            self._update_leaf_status(leaf)
+            # _update_leaf_status(node): it now has a resident child, so it is no leaf
+            leaves.discard(node)
+            # _update_leaf_status(leaf): resident, unlocked and childless, so a new leaf
+            leaves.add(leaf)
+            self._dirty.add(leaf)
             if not self._write_back:
                 self._inc_hit_count(leaf, chunked)
         return total * self.page_size
@@ -713,7 +767,7 @@ class HiRadixCache:
         n = len(value)
         self._evictable_pages -= n
         x.value = None
-        self._update_leaf_status(x)
+        self.evictable_leaves.discard(x)  # _update_leaf_status(x) of an evicted node
         self._update_host_leaf_status(x)
         parent = x.parent
         assert parent is not None

@@ -14,7 +14,7 @@ Values are lists of page ids (one per page of the key) from :class:`~hicache.pol
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from typing import Any
 
 
@@ -22,6 +22,40 @@ class PageKey(tuple[Hashable, ...]):
     """A key that is already paged: one symbol per page. Anything else is taken as token ids."""
 
     __slots__ = ()
+
+
+class ExtendedPageKey(PageKey):
+    """``base + more`` as one :class:`PageKey` that remembers its leading part ``base``.
+
+    What :meth:`hicache.lifecycle.KVLifecycle.extend_key` returns (prompt + output symbols). It
+    compares, hashes and slices as the plain tuple it is; the tree only uses ``base`` to know,
+    without comparing them, that nodes cut from ``base`` match this key's first pages. Pickles
+    as a plain :class:`PageKey`.
+    """
+
+    base: PageKey
+
+    def __new__(cls, base: PageKey, more: Iterable[Hashable]) -> ExtendedPageKey:
+        if not isinstance(base, PageKey):
+            base = PageKey(base)
+        self = super().__new__(cls, base + tuple(more))
+        self.base = base
+        return self
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (PageKey, (tuple(self),))
+
+
+def key_source(pkey: tuple[Hashable, ...]) -> tuple[Hashable, ...] | None:
+    """The persistent key that node keys cut from ``pkey`` are recorded against (``key_memo``):
+    ``pkey`` itself for a :class:`PageKey`, the ``base`` of an :class:`ExtendedPageKey`, and
+    None for anything else (a key converted on the fly is not worth keeping alive)."""
+    t = type(pkey)
+    if t is PageKey:
+        return pkey
+    if t is ExtendedPageKey:
+        return pkey.base  # type: ignore[attr-defined, no-any-return]
+    return None
 
 
 def to_page_key(tokens: Sequence[Any], page_size: int) -> tuple[Hashable, ...]:
@@ -43,23 +77,35 @@ def match_len(
 ) -> int:
     """Length (in pages) of the common prefix of ``node_key`` and ``key[off:end]``.
 
-    A full match is one slice comparison in C; a partial one is found by bisection over slice
-    comparisons, so no Python loop runs per page or token.
+    A full match is one slice comparison in C; a partial one is found by galloping then
+    bisecting over slice comparisons, so no Python loop runs per page or token and the work
+    grows with the matched length, not with the node's.
     """
     n = len(node_key)
-    seg = key[off : off + n if end is None else min(off + n, end)]
-    if seg == node_key:
-        return n
-    # bisect for the first mismatch: lo pages are known equal, hi pages are known not all equal
-    lo, hi = 0, len(seg)
-    if hi < n and seg == node_key[:hi]:
-        return hi
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if seg[lo:mid] == node_key[lo:mid]:
+    stop = min(off + n, len(key) if end is None else min(end, len(key)))
+    m = stop - off
+    if m <= 0:
+        return 0
+    a, b = key[stop - 1], node_key[m - 1]
+    # the last pages agree: most likely a full match, one comparison
+    if (a is b or a == b) and key[off:stop] == (node_key if m == n else node_key[:m]):
+        return m
+    # gallop: lo pages are known equal; then bisect inside the first unequal window [lo, hi)
+    lo, step = 0, 8
+    while True:
+        hi = min(lo + step, m)
+        if key[off + lo : off + hi] != node_key[lo:hi]:
+            break
+        lo = hi
+        if lo == m:
+            return m
+        step *= 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if key[off + lo : off + mid] == node_key[lo:mid]:
             lo = mid
         else:
-            hi = mid - 1
+            hi = mid
     return lo
 
 
@@ -76,6 +122,7 @@ class TreeNode:
         "_hhseq",
         "_hkey",
         "_hseq",
+        "_kmemo",
         "children",
         "creation_time",
         "extra_key",
@@ -111,6 +158,9 @@ class TreeNode:
         self._hseq = -1
         self._hhkey: Any = None
         self._hhseq = -1
+        self._kmemo: tuple[tuple[Hashable, ...], tuple[Hashable, ...], int] | None = None
+        """``(key, src, off)``: this node's ``key`` object was cut as ``src[off:off + len]``
+        (``key_source``); valid only while ``key`` is still that object."""
 
     @property
     def evicted(self) -> bool:
