@@ -123,7 +123,7 @@ class Instance:
         """KV tokens its running requests hold (with the steps of a decode call in progress,
         which the requests' own counters receive when it ends)."""
         s = self.sched
-        return sum(r.kv_tokens for r in s.running) + len(s.running) * s.pending_steps
+        return s.kv_total + len(s.running) * s.pending_steps
 
     def cached_prefix(self, req: PagedRequest) -> tuple[int, int]:
         """``(device, host-only)`` tokens of ``req``'s prompt prefix in this cache, matched as

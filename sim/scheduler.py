@@ -146,6 +146,8 @@ class Scheduler:
         self.spans: list[tuple[str, float, float, int]] = []  # compute: (kind, start, end, bs)
         # decode steps a decode call has run but not yet added to the requests' counters
         self.pending_steps = 0
+        # the running requests' kv_tokens, summed (kept exact, in integers, as they change)
+        self.kv_total = 0
 
     # ---------------------------------------------------------------------------- inbox --
     def arrive(self, req: SimReq) -> None:
@@ -334,6 +336,7 @@ class Scheduler:
             req.kv.key = self._fill_key(req)
             life.after_prefill(req.kv)
             self.running.append(req)
+            self.kv_total += req.kv_tokens
 
     # --------------------------------------------------------------------------- decode --
     def _run_decode(self, chain: bool = True) -> Generator[simpy.Event, Any, None]:
@@ -373,20 +376,22 @@ class Scheduler:
             self._new_page(r)
         bs = len(run)
         a, b = self.cost.decode_coeffs(bs)
-        kv0 = sum(r.kv_tokens for r in run)
-        finish = min(r.output_length - r.decoded for r in run)  # steps to the first finish
+        kv0 = self.kv_total
+        queued = bool(self.waiting) or self.chunked is not None
+        # with a queue every step re-checks admission: one step, no plan needed
+        finish = 1 if queued else min(r.output_length - r.decoded for r in run)
         # (steps from now to the request's next page boundary, its index in the batch)
-        bounds = [(ps - r.kv_tokens % ps, i) for i, r in enumerate(run)]
+        bounds = [] if queued else [(ps - r.kv_tokens % ps, i) for i, r in enumerate(run)]
         heapq.heapify(bounds)
         done = 0
         while True:
             if done and not self._next_boundary_pages(bounds, done):
                 break
-            k = min(finish - done, bounds[0][0] - done)
+            k = 1 if queued else min(finish - done, bounds[0][0] - done)
             step0 = a + b * (kv0 + bs * done)
             start = max(env.now, self.ctrl.take_stall())
             cut = False
-            if self.waiting or self.chunked is not None:
+            if queued:
                 k = 1
             else:
                 budget = self.next_arrival() - start
@@ -401,14 +406,18 @@ class Scheduler:
             self.spans.append(("decode", start, start + dur, bs))
             done += k
             self.pending_steps = done
-            if not chain or done >= finish or cut or self.waiting or self.chunked is not None:
+            if not chain or queued or done >= finish or cut or self.waiting:
+                break
+            if self.chunked is not None:
                 break
         self.pending_steps = 0
+        self.kv_total += bs * done
         for r in list(run):
             r.decoded += done
             r.kv_tokens += done
             if r.decoded >= r.output_length:
                 run.remove(r)
+                self.kv_total -= r.kv_tokens
                 self._finish(r)
 
     def _new_page(self, r: SimReq) -> None:
@@ -439,6 +448,7 @@ class Scheduler:
         run = self.running
         victim = min(run, key=lambda r: (r.decoded, -r.input_length))
         run.remove(victim)
+        self.kv_total -= victim.kv_tokens
         assert victim.kv is not None
         self.life.abort(victim.kv)
         victim.kv = None

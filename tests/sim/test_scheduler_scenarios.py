@@ -199,11 +199,14 @@ def test_retraction_victim_is_fewest_decoded_then_longest_prompt_and_resets_the_
     prefill_all(e, b, c)
     decode_once(e)
     assert [r.decoded for r in (a, b, c)] == [4, 2, 2]
+    # the running KV total the scheduler keeps: A 10 + 3, B 5 + 1, C 8 + 1
+    assert e.sched.kv_total == sum(r.kv_tokens for r in e.sched.running) == 28
     assert e.sched.new_token_ratio == pytest.approx(0.2)
     # pages: A 10 + 3 decode, B 5 + 1, C 8 + 1 = 28 -> 972 free
     assert e.device.available_size() == 972
     e.sched._retract_one()
     assert e.sched.running == [a, b] and list(e.sched.waiting) == [c]
+    assert e.sched.kv_total == 13 + 6
     assert e.sched.new_token_ratio == pytest.approx(0.5)
     # C re-prefills its prompt and its 2 decoded tokens; its decode page is freed, its prompt
     # stays in the tree (inserted after prefill), unlocked
