@@ -345,8 +345,7 @@ def cache_unfinished_req(cache: HiRadixCache, req: ReqKV, chunked: bool = False)
         req.kv[req.protected_pages : prefix_pages] = m.device_slice(
             req.protected_pages, prefix_pages
         )
-    cache.dec_lock_ref(req.last_node)
-    cache.inc_lock_ref(m.last_device_node)
+    cache.move_lock_ref(req.last_node, m.last_device_node)  # dec_lock_ref(old); inc(new)
     req.last_node = m.last_device_node
     req.protected_pages = n
 

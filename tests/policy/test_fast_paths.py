@@ -9,6 +9,7 @@ from __future__ import annotations
 import pickle
 import random
 from collections.abc import Hashable
+from typing import Any
 
 import pytest
 
@@ -189,3 +190,66 @@ def test_key_memo_decides_exactly_as_comparing_keys() -> None:
             cache.check_invariants()
             outs.append((res, _tree_state(cache), dev.free_pages_snapshot()))
         assert outs[0] == outs[1], step
+
+
+def _lock_state(cache: HiRadixCache) -> tuple[object, ...]:
+    return (
+        tuple((n.id, n.lock_ref) for n in cache.iter_nodes()),
+        cache.evictable_size(),
+        cache.protected_size(),
+        sorted(n.id for n in cache.evictable_leaves),
+        sorted(n.id for n in cache.evictable_host_leaves),
+    )
+
+
+def test_move_lock_ref_equals_dec_then_inc() -> None:
+    """A request prefilled in chunks moves its lock from the last node of one chunk to the
+    last node of the next: one walk must leave exactly the state of dec_lock_ref(old) then
+    inc_lock_ref(new), for descendants, the same node, and unrelated nodes (the fallback);
+    and the evictions that follow pick the same nodes."""
+    rng = random.Random(11)
+    caches = [HiRadixCache(ManualController(PageAllocator(900, 1), PageAllocator(2000, 1, "host")))
+              for _ in range(2)]  # fmt: skip
+    locked: list[list[Any]] = [[], []]
+    for step in range(300):
+        shared = rng.randint(1, 30)
+        tail = [rng.randint(100, 140) for _ in range(rng.randint(0, 30))]
+        key = PageKey((*range(shared), *tail))
+        cut = rng.randint(1, len(key))
+        unrelated, evict_n = rng.random() < 0.1, rng.randint(1, 50)
+        states = []
+        for i, cache in enumerate(caches):
+            dev = cache.controller.device
+            if dev.free_page_count() < len(key):
+                cache.evict(len(key))
+            pages = dev.alloc_pages(len(key))
+            if pages is None:  # both caches alike: the locks hold too much
+                states.append(None)
+                continue
+            first = PageKey(key[:cut])
+            dev.free(pages[: cache.insert(first, pages[:cut])])  # the first chunk
+            old = cache.match_prefix(first).last_device_node
+            cache.inc_lock_ref(old)
+            again = cache.insert(key, pages)  # the whole key: its first chunk is on device
+            if again > cut:
+                dev.free(pages[cut:again])
+            if step % 2:  # finish the write-throughs: their locks go, new nodes are unlocked
+                ctrl = cache.controller
+                assert isinstance(ctrl, ManualController)
+                ctrl.complete_all()
+                cache.writing_check()
+            new = cache.match_prefix(key).last_device_node
+            if unrelated:  # a node off old's path: the two-walk fallback
+                new = cache.match_prefix(PageKey(range(shared))).last_device_node
+            if i == 0:
+                cache.move_lock_ref(old, new)
+            else:
+                cache.dec_lock_ref(old)
+                cache.inc_lock_ref(new)
+            locked[i].append(new)
+            if len(locked[i]) > 8:
+                cache.dec_lock_ref(locked[i].pop(0))
+            cache.evict(evict_n)
+            cache.check_invariants()
+            states.append((_lock_state(cache), _tree_state(cache)))
+        assert states[0] == states[1], step
