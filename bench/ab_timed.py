@@ -1,6 +1,6 @@
 """A/B of the timed simulator between two checkouts, alternating runs in one session.
 
-    python bench/ab_timed.py /tmp/wt_orig . --rates 0.25,1 --repeat 3
+    python bench/ab_timed.py ../orig . --rates 0.25,1 --repeat 3
 
 Each run is a fresh subprocess that imports the simulator from its checkout (the old layout,
 ``sim.config``, or the new one, ``hicache.config``) and times ``run_simulation`` on the bundled

@@ -188,7 +188,7 @@ def main() -> int:
     g.add_argument("--save", type=Path)
     g.add_argument("--compare", type=Path)
     ap.add_argument("--cli", help="the command to run instead of hicache-sim, e.g. to snapshot "
-                    "an older checkout: --cli 'python -m sim.cli' --cwd /tmp/old")  # fmt: skip
+                    "an older checkout: --cli 'python -m sim.cli' --cwd ../old")  # fmt: skip
     ap.add_argument("--cwd", help="folder to run the command in")
     ap.add_argument("--allow-added", default="", help="comma-separated keys that may be new")
     args = ap.parse_args()

@@ -13,13 +13,12 @@ count next to the request ratio (linear growth: the two are equal).
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-TRACE = ROOT / "traces/data/mooncake/conversation_trace.jsonl"
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the bench scripts' shared runner
+from sim_run import TRACE, child_json
 
 CHILD = r"""
 import json, sys, time
@@ -36,12 +35,8 @@ print(json.dumps({"wall": time.perf_counter() - t0, "requests": s["requests"]}))
 """
 
 
-def cell(chunk: int, rate: float, n: int) -> dict[str, float]:
-    out = subprocess.run(
-        [sys.executable, "-c", CHILD, str(chunk), str(rate), str(n), str(TRACE)],
-        check=True, capture_output=True, text=True, cwd=ROOT,
-    )  # fmt: skip
-    return json.loads(out.stdout.strip().splitlines()[-1])
+def cell(chunk: int, rate: float, n: int) -> dict[str, Any]:
+    return child_json(CHILD, chunk, rate, n, TRACE)
 
 
 def main() -> None:

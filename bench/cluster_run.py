@@ -11,14 +11,13 @@ overloaded, the load imbalance, the hit rates and TTFT p50/p90.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-TRACE = ROOT / "traces/data/mooncake/conversation_trace.jsonl"
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the bench scripts' shared runner
+from sim_run import TRACE, child_json
 
 CHILD = r"""
 import json, resource, sys, time
@@ -38,12 +37,8 @@ print(json.dumps({"wall": wall, "rss_mb": rss, **{k: s.get(k) for k in keys}}))
 """
 
 
-def run_child(n: int, router: str) -> dict[str, float]:
-    out = subprocess.run(
-        [sys.executable, "-c", CHILD, str(n), router, str(TRACE)],
-        check=True, capture_output=True, text=True, cwd=ROOT,
-    )  # fmt: skip
-    return json.loads(out.stdout.strip().splitlines()[-1])
+def run_child(n: int, router: str) -> dict[str, Any]:
+    return child_json(CHILD, n, router, TRACE)
 
 
 def main() -> None:

@@ -17,6 +17,7 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACE = ROOT / "traces/data/mooncake/conversation_trace.jsonl"
@@ -37,12 +38,19 @@ print(json.dumps({"wall": wall, "sim": s["sim_duration_s"], "n": s["requests"], 
 """
 
 
-def run_child(n: int, rate: float) -> dict[str, float]:
+def child_json(code: str, *args: object) -> dict[str, Any]:
+    """Run ``code`` in a fresh interpreter (``sys.argv[1:]`` = ``args``) from the repository
+    root; the JSON object on its last line of output. The bench scripts' one child runner."""
     out = subprocess.run(
-        [sys.executable, "-c", CHILD, str(n), str(rate), str(TRACE)],
+        [sys.executable, "-c", code, *map(str, args)],
         check=True, capture_output=True, text=True, cwd=ROOT,
     )  # fmt: skip
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    got: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return got
+
+
+def run_child(n: int, rate: float) -> dict[str, Any]:
+    return child_json(CHILD, n, rate, TRACE)
 
 
 def main() -> None:
