@@ -24,8 +24,10 @@ from hicache.config.sections import (
     ROUTER_POLICIES,
     SCHEDULE_POLICIES,
     SECTIONS,
+    STORAGE_BACKENDS,
 )
 from hicache.policy import STRATEGIES, WRITE_POLICIES
+from hicache.policy.storage import PREFETCH_POLICIES
 
 #: The keys that take one of a few names, and those names.
 CHOICES: dict[str, tuple[str, ...]] = {
@@ -40,6 +42,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "workload.closed_loop": CLOSED_LOOP_MODES,
     "workload.outputs": OUTPUT_MODES,
     "router.policy": ROUTER_POLICIES,
+    "storage.backend": STORAGE_BACKENDS,
+    "storage.prefetch_policy": PREFETCH_POLICIES,
 }
 
 

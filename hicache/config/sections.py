@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 from hicache import hardware
 from hicache.latency import shipped_profile_path, shipped_profiles
 from hicache.policy import STRATEGIES, WRITE_POLICIES, host_pool_tokens
+from hicache.policy.storage import PREFETCH_POLICIES
 from hicache.profile import machine_mismatch
 from hicache.servers import DEFAULT_SERVER, ServerSpec, get_server, rank_link_share
 
@@ -320,6 +321,9 @@ class RunConfig:
 
 #: Routers of a cluster (``sim.routers``): the SGLang gateway's policies, session affinity, and
 #: a tier-aware router that scores each instance's real device/host prefix.
+#: ``storage.backend`` names: "none" plus the presets of ``hicache.storage_backends``.
+STORAGE_BACKENDS = ("none", "file", "3fs", "mooncake")
+
 ROUTER_POLICIES = (
     "round_robin",
     "random",
@@ -393,6 +397,58 @@ class RouterConfig:
         _between("router.host_weight", self.host_weight, 0.0, 1.0)
 
 
+@dataclass(frozen=True)
+class StorageConfig:
+    """The L3 storage tier behind host DRAM (SGLang's ``--hicache-storage-*``; STORAGE_TIER.md).
+
+    ``backend = "none"`` is SGLang's default: no L3. A backend preset (``hicache.storage_backends``)
+    gives the I/O costs; the ``*_override`` keys replace single figures of it.
+    """
+
+    section: ClassVar[str] = "storage"
+
+    # --hicache-storage-backend; "none" = no L3 tier (SGLang's default)
+    backend: str = "none"
+    # --hicache-storage-prefetch-policy (0.5.14 default: timeout)
+    prefetch_policy: str = "timeout"
+    # extra-config prefetch_threshold: tokens a prefetch must ask for (and find) at least
+    prefetch_threshold: int = 256
+    # extra-config prefetch_timeout_base, seconds (timeout policy)
+    prefetch_timeout_base: float = 2.0
+    # extra-config prefetch_timeout_per_ki_token, seconds per 1,024 hit tokens (timeout policy)
+    prefetch_timeout_per_ki_token: float = 0.1
+    # extra-config prefetch_timeout_max, seconds (timeout policy)
+    prefetch_timeout_max: float = 30.0
+    # store size in GB (1e9 B) of KV; 0 = unbounded (the file backend's default); when set, a
+    # page LRU evicts as the file backend's max_size evictor does
+    capacity_gb: float = 0.0
+    # the file backend's eviction_ratio: a full store evicts down to this share of its size
+    eviction_ratio: float = 0.9
+    # one store shared by every instance of the cluster (Mooncake store, 3FS); False = one
+    # store and link per instance (local files)
+    shared: bool = True
+    # replaces the preset's read bandwidth, GB/s per instance link (0 = the preset's)
+    read_gbps_override: float = 0.0
+    # replaces the preset's write bandwidth, GB/s (0 = the preset's)
+    write_gbps_override: float = 0.0
+
+    def __post_init__(self) -> None:
+        _choice("storage.backend", self.backend, STORAGE_BACKENDS)
+        _choice("storage.prefetch_policy", self.prefetch_policy, PREFETCH_POLICIES)
+        _at_least("storage.prefetch_threshold", self.prefetch_threshold, 1)
+        _at_least("storage.prefetch_timeout_base", self.prefetch_timeout_base, 0)
+        _at_least("storage.prefetch_timeout_per_ki_token", self.prefetch_timeout_per_ki_token, 0)
+        _at_least("storage.prefetch_timeout_max", self.prefetch_timeout_max, 0)
+        _at_least("storage.capacity_gb", self.capacity_gb, 0)
+        _between("storage.eviction_ratio", self.eviction_ratio, 0.01, 1.0)
+        _at_least("storage.read_gbps_override", self.read_gbps_override, 0)
+        _at_least("storage.write_gbps_override", self.write_gbps_override, 0)
+
+    @property
+    def enabled(self) -> bool:
+        return self.backend != "none"
+
+
 _Section = (
     ModelConfig
     | GpuConfig
@@ -402,6 +458,7 @@ _Section = (
     | WorkloadConfig
     | ClusterConfig
     | RouterConfig
+    | StorageConfig
     | RunConfig
 )
 
@@ -417,6 +474,7 @@ SECTIONS: dict[str, type[_Section]] = {
         WorkloadConfig,
         ClusterConfig,
         RouterConfig,
+        StorageConfig,
         RunConfig,
     )
 }
@@ -441,6 +499,7 @@ class SimConfig:
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     router: RouterConfig = field(default_factory=RouterConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
     def __post_init__(self) -> None:

@@ -29,6 +29,8 @@ from hicache.policy.controller import TransferController
 from hicache.policy.eviction import KeyFn, get_strategy
 from hicache.policy.radix import TreeNode, child_key, key_source, match_len, to_page_key
 from hicache.policy.shortcuts import Shortcuts
+from hicache.policy.storage import StorageController
+from hicache.policy.storage_tier import StorageTier
 
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 
@@ -149,7 +151,7 @@ class _WriteRecord:
 HeapEntry = tuple[Any, int, TreeNode]
 
 
-class HiRadixCache(Shortcuts):
+class HiRadixCache(Shortcuts, StorageTier):
     """The policy core. See the module docstring and POLICY_CORE.md §2.
 
     Keys are token sequences (page-aligned on entry) or :class:`~hicache.policy.radix.PageKey` s.
@@ -188,6 +190,9 @@ class HiRadixCache(Shortcuts):
         self._volatile_keys = volatile_keys
         self._clock = 0
         self._hseq = 0
+        self.storage: StorageController | None = None  # the L3 tier (attach_storage)
+        self._init_storage_state()
+        self._lb_pins: set[TreeNode] | None = None  # chain pinned by a nested load_back evict
         self._init_tree()
 
     # ------------------------------------------------------------------ state and bookkeeping --
@@ -239,6 +244,7 @@ class HiRadixCache(Shortcuts):
         Like SGLang, this does not touch the device allocator: the scheduler clears it separately
         when it flushes (see :meth:`flush`).
         """
+        self.storage_reset()
         self.controller.reset()
         self._init_tree()
 
@@ -423,6 +429,10 @@ class HiRadixCache(Shortcuts):
         new.parent = parent
         new.lock_ref = child.lock_ref
         new.hit_count = child.hit_count
+        hv = child.hash_value
+        if hv is not None:
+            new.hash_value = hv[:split]
+            child.hash_value = hv[split:]
         if child.value is not None:
             new.value = child.value[:split]
             child.value = child.value[split:]
@@ -588,6 +598,8 @@ class HiRadixCache(Shortcuts):
         rec = self.ongoing_write_through.pop(ack_id)
         for n in rec.publish_nodes:
             n.write_through_pending_id = None
+        if self.storage is not None:  # L3 backup of the written segment, before the unlock
+            self.write_backup_storage(rec.lock_node, rec.backup_len)
         if release_lock:
             self.dec_lock_ref(rec.lock_node)
 
@@ -601,6 +613,8 @@ class HiRadixCache(Shortcuts):
         """What the scheduler calls at the start of each prefill-scheduling attempt."""
         self.writing_check()
         self.loading_check()
+        if self.storage is not None:
+            self.drain_storage_control_queues()
 
     # ----------------------------------------------------------------------------- eviction --
     def _flush_dirty(self, dirty: set[TreeNode], members: set[TreeNode], host: bool) -> None:
@@ -803,6 +817,9 @@ class HiRadixCache(Shortcuts):
             if x.value is not None:
                 continue
             if x.host_ref_counter > 0:
+                if self._lb_pins is not None and x in self._lb_pins:
+                    self._lb_pins = None  # SGLang would delete it (counted once per load_back)
+                    self.defects["L2LB"] += 1
                 requeue.append(x)
                 continue
             host_value = x.host_value
@@ -862,7 +879,9 @@ class HiRadixCache(Shortcuts):
             # twice. Pinning the chain's host copies for the nested call prevents exactly that.
             for n in chain:
                 n.protect_host()
+            self._lb_pins = set(chain)
             self.evict(tokens)
+            self._lb_pins = None
             for n in chain:
                 n.release_host()
             device = ctrl.load(host_pages, last_hit.id)

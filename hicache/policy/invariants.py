@@ -240,8 +240,28 @@ def _check_host_pool(cache: HiRadixCache, host_owner: dict[int, TreeNode]) -> No
         _fail("host free list holds a page twice")
     if set(free_host) & host_owner.keys():
         _fail("host pages both free and in the tree")
-    if len(free_host) + len(host_owner) != pool.num_pages:
+    outside = cache.storage_host_pages_outside()  # prefetch reservations (L3)
+    out_set = set(outside)
+    if len(out_set) != len(outside):
+        _fail("a host page is held twice outside the tree (prefetches / release queue)")
+    if out_set & host_owner.keys() or out_set & set(free_host):
+        _fail("a host page held by a prefetch is also free or in the tree")
+    if len(free_host) + len(host_owner) + len(out_set) != pool.num_pages:
         _fail(
-            f"host pages: free {len(free_host)} + tree {len(host_owner)} != capacity "
-            f"{pool.num_pages}"
+            f"host pages: free {len(free_host)} + tree {len(host_owner)} + prefetches "
+            f"{len(out_set)} != capacity {pool.num_pages}"
         )
+    _check_host_pins(cache)
+
+
+def _check_host_pins(cache: HiRadixCache) -> None:
+    """Each node's host_ref_counter = the prefetches anchored on it + its in-flight backups."""
+    want: dict[TreeNode, int] = {}
+    for entry in cache.ongoing_prefetch.values():
+        want[entry.anchor] = want.get(entry.anchor, 0) + 1
+    for node in cache.ongoing_backup.values():
+        want[node] = want.get(node, 0) + 1
+    for node in [cache.root, *cache.iter_nodes()]:
+        pins = node.host_ref_counter
+        if cache._lb_pins is None and pins != want.get(node, 0) and cache.storage is not None:
+            _fail(f"{node!r}: host_ref_counter {pins}, expected {want.get(node, 0)}")

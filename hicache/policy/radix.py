@@ -126,6 +126,7 @@ class TreeNode:
         "children",
         "creation_time",
         "extra_key",
+        "hash_value",
         "hit_count",
         "host_ref_counter",
         "host_value",
@@ -154,6 +155,7 @@ class TreeNode:
         self.priority = priority
         self.write_through_pending_id: int | None = None
         self.extra_key: str | None = None
+        self.hash_value: list[int] | None = None  # L3 page keys, computed when first needed
         self._hkey: Any = None
         self._hseq = -1
         self._hhkey: Any = None
