@@ -108,6 +108,7 @@ class CacheCounters:
     prompt_tokens: int = 0
     device_hit_tokens: int = 0
     host_hit_tokens: int = 0
+    storage_hit_tokens: int = 0  # loaded from host after an L3 prefetch brought them there
     tokens_written: int = 0
     tokens_loaded: int = 0
     device_evicted_tokens: int = 0
@@ -115,10 +116,14 @@ class CacheCounters:
     host_alloc_failures: int = 0
     load_back_failures: int = 0
     oom_requests: int = 0
+    prefetches_issued: int = 0  # L3 prefetches (0 without a storage tier)
+    storage_read_tokens: int = 0  # tokens read from L3 (discarded reads included)
+    storage_written_tokens: int = 0  # tokens newly stored in L3 (existing pages skipped)
 
     @property
     def hit_rate(self) -> float:
-        return (self.device_hit_tokens + self.host_hit_tokens) / max(1, self.prompt_tokens)
+        hits = self.device_hit_tokens + self.host_hit_tokens + self.storage_hit_tokens
+        return hits / max(1, self.prompt_tokens)
 
     @property
     def device_hit_rate(self) -> float:
@@ -127,6 +132,10 @@ class CacheCounters:
     @property
     def host_hit_rate(self) -> float:
         return self.host_hit_tokens / max(1, self.prompt_tokens)
+
+    @property
+    def storage_hit_rate(self) -> float:
+        return self.storage_hit_tokens / max(1, self.prompt_tokens)
 
     def collect(self, cache: HiRadixCache, ctrl: BaseController) -> None:
         """Copy the controller's and the cache's running totals in."""
@@ -137,6 +146,12 @@ class CacheCounters:
         self.host_evicted_tokens = st.host_evicted_tokens
         self.host_alloc_failures = ctrl.host_alloc_failures
         self.load_back_failures = st.load_back_failures
+        storage = cache.storage
+        if storage is not None:
+            ps = cache.page_size
+            self.prefetches_issued = cache.storage_stats.prefetch_issued
+            self.storage_read_tokens = storage.stats.pages_read * ps
+            self.storage_written_tokens = storage.store.pages_written * ps
 
     def as_dict(self) -> dict[str, Any]:
         """Every counter, then the three rates."""
@@ -145,6 +160,7 @@ class CacheCounters:
             "hit_rate": self.hit_rate,
             "device_hit_rate": self.device_hit_rate,
             "host_hit_rate": self.host_hit_rate,
+            "storage_hit_rate": self.storage_hit_rate,
         }
 
 
@@ -210,6 +226,26 @@ class KVLifecycle:
         """``match_prefix`` on the first ``fill_len - 1`` tokens, page-aligned."""
         ps = self.page_size
         return self.cache.match_prefix(key, limit=max(0, (fill_len - 1) // ps) * ps)
+
+    def prefetch(self, rid: Hashable, key: PageKey, fill_len: int, now: float) -> bool:
+        """A request enters the waiting queue with an L3 tier attached (SGLang's
+        ``_add_request_to_queue`` -> ``_prefetch_kvcache``): match it now (with the match's side
+        effects) and prefetch what follows the cached prefix. False: nothing was issued."""
+        cache = self.cache
+        if cache.storage is None:
+            return False
+        m = self.match(key, fill_len)
+        limit = max(0, (fill_len - 1) // self.page_size)
+        return cache.prefetch_kvcache(rid, key, m, limit, now)
+
+    def prefetch_done(self, rid: Hashable, now: float) -> int:
+        """The admission loop's check before matching a request (``check_prefetch_progress``
+        then ``pop_prefetch_loaded_tokens``): -1 while its prefetch must go on (skip it this
+        round), else the tokens its prefetch added to the tree (its L3 credit, often 0)."""
+        cache = self.cache
+        if not cache.check_prefetch_progress(rid, now):
+            return -1
+        return cache.pop_prefetch_loaded_tokens(rid)
 
     def hold(self, node: TreeNode) -> None:
         """A temporary lock (PrefillAdder locks the device prefix while it decides)."""

@@ -53,6 +53,7 @@ from hicache.policy import (
     TreeNode,
 )
 from hicache.policy.allocator import device_pool, page_ids
+from hicache.policy.storage import PREFETCH_POLICIES, PageStore, StorageController
 
 EVICTIONS = (*STRATEGIES, "oracle")
 
@@ -68,6 +69,15 @@ class HitRateConfig:
     eviction: str = "lru"
     write_policy: str = "write_through"
     outputs: str = "cache"
+    storage: bool = False
+    """An L3 storage tier behind the host pool (needs ``host_tokens``)."""
+    storage_tokens: int = 0
+    """L3 capacity in tokens (a page LRU); 0 = unbounded."""
+    prefetch_policy: str = "timeout"
+    """best_effort: a lone request is checked in the pass it arrives in, before any read, so it
+    gets nothing from L3; wait_complete / timeout: storage I/O is taken as instant (no clock
+    here; ``hicache-sim run`` times it)."""
+    prefetch_threshold: int = 256
 
     def validate(self) -> None:
         p = self.page_size
@@ -99,6 +109,20 @@ class HitRateConfig:
             )
         if self.outputs not in OUTPUT_MODES:
             raise ValueError(f"outputs must be one of {', '.join(OUTPUT_MODES)}")
+        if self.storage and not self.host_tokens:
+            raise ValueError("an L3 storage tier needs a host tier (host tokens > 0)")
+        if self.storage_tokens < 0 or self.storage_tokens % p:
+            raise ValueError(
+                f"storage tokens {self.storage_tokens} must be 0 (unbounded) or a positive "
+                f"multiple of the page size {p}"
+            )
+        if self.prefetch_policy not in PREFETCH_POLICIES:
+            raise ValueError(
+                f"unknown prefetch policy {self.prefetch_policy!r}; choose one of "
+                f"{', '.join(PREFETCH_POLICIES)}"
+            )
+        if self.prefetch_threshold < 1:
+            raise ValueError(f"prefetch threshold must be >= 1, got {self.prefetch_threshold}")
 
 
 class HitRateResult(CacheCounters):
@@ -127,6 +151,22 @@ class CacheReplay:
         )
         self.life = KVLifecycle(self.cache, cfg.outputs)
         self.result = HitRateResult()
+        self.storage: StorageController | None = None
+        if cfg.storage:
+            assert self.host is not None
+            cap = cfg.storage_tokens // p or None
+            self.storage = StorageController(
+                self.host,
+                PageStore(cap),
+                device_tokens=cfg.device_tokens,
+                threshold=cfg.prefetch_threshold,
+                immediate=cfg.prefetch_policy != "best_effort",
+            )
+            self.cache.attach_storage(
+                self.storage,
+                prefetch_policy=cfg.prefetch_policy,
+                prefetch_threshold=cfg.prefetch_threshold,
+            )
 
     def step(self, r: PagedRequest) -> tuple[int, int]:
         """Serve one request; returns (device-hit tokens, loaded host-hit tokens)."""
@@ -134,10 +174,20 @@ class CacheReplay:
         res.requests += 1
         res.prompt_tokens += r.input_length
         key = life.prompt_key(r)
+        credit = 0
+        storage = self.storage
+        if storage is not None:
+            # arrival: match and prefetch; then the scheduler's pass: drain, check, pop
+            life.prefetch(r.rid, key, r.input_length, float(res.requests))
+            cache.check_hicache_events()
+            credit = life.prefetch_done(r.rid, float(res.requests))
+            assert credit >= 0, "a prefetch outlived its check in the cache-only replay"
         a = life.admit(key, r.input_length)
         if a.loaded_pages:
             cache.ready_to_load_host_cache()
             cache.loading_check()
+        if storage is not None and not storage.immediate:
+            storage.run_all()  # best_effort: the stages finish after the request has left
         if not life.reserve_prompt(a.kv, r.input_length):
             res.oom_requests += 1
             return 0, 0
@@ -148,10 +198,14 @@ class CacheReplay:
             cache.writing_check()
         else:
             res.oom_requests += 1
-        dev, host = a.device_pages * p, a.loaded_pages * p
+        if storage is not None and not storage.immediate:
+            storage.run_all()
+        dev, loaded = a.device_pages * p, a.loaded_pages * p
+        from_l3 = min(loaded, credit)
         res.device_hit_tokens += dev
-        res.host_hit_tokens += host
-        return dev, host
+        res.host_hit_tokens += loaded - from_l3
+        res.storage_hit_tokens += from_l3
+        return dev, loaded
 
     def finish(self) -> HitRateResult:
         self.result.collect(self.cache, self.ctrl)

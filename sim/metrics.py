@@ -32,6 +32,8 @@ class RequestRow(NamedTuple):
     host_hit_recomputed_tokens: int
     computed_tokens: int
     retractions: int
+    storage_hit_tokens: int = 0  # of the host hit, tokens an L3 prefetch brought to the host
+    prefetch_wait_s: float = 0.0  # arrival -> its L3 prefetch ended (0: none issued)
 
 
 class TimelineRow(NamedTuple):

@@ -98,6 +98,11 @@ class SimReq:
     prefill_s: float = 0.0
     load_stall_s: float = 0.0
     retractions: int = 0
+    # L3: when its (latest) prefetch was issued / ended (-1: none), its credit until admission
+    prefetch_start: float = -1.0
+    prefetch_end: float = -1.0
+    storage_credit: int = 0
+    storage_hit: int = 0
 
     def __post_init__(self) -> None:
         if self.arrival < 0:
@@ -153,8 +158,16 @@ class Scheduler:
     def arrive(self, req: SimReq) -> None:
         req.prompt = self.life.prompt_key(req.req)
         req.fill_len = req.input_length
-        self.waiting.append(req)
+        self._enqueue(req)
         self.wake()
+
+    def _enqueue(self, req: SimReq) -> None:
+        """``_add_request_to_queue``: with an L3 tier, match and prefetch now."""
+        storage = self.cache.storage is not None
+        if storage and self.life.prefetch(req.rid, self._fill_key(req), req.fill_len, self.env.now):
+            req.prefetch_start = self.env.now
+            req.prefetch_end = -1.0
+        self.waiting.append(req)
 
     def wake(self) -> None:
         if not self._wake.triggered:
@@ -173,6 +186,7 @@ class Scheduler:
             else:
                 self.sample()
                 self._wake = env.event()
+                self._wake_at_prefetch_deadline()
                 yield self._wake
             self.sample()
 
@@ -196,14 +210,61 @@ class Scheduler:
         batch: list[tuple[SimReq, int, int]] = []
         if self.chunked is not None:
             self._add_chunked(budget, batch)
+        if self.cache.storage is not None:
+            self._admit_with_prefetch(budget, batch)
+            return batch or None
         while self.waiting and budget.rem_total() > 0 and budget.rem_input > 0:
             if budget.rem_chunk <= 0:
                 break
             if p.max_running_requests and len(self.running) + len(batch) >= p.max_running_requests:
                 break
-            if not self._add_waiting(budget, batch):
+            if not self._add_waiting(budget, batch, self.waiting[0]):
                 break
         return batch or None
+
+    def _admit_with_prefetch(
+        self, budget: _PrefillBudget, batch: list[tuple[SimReq, int, int]]
+    ) -> None:
+        """The admission loop with an L3 tier: each request the loop reaches is first checked
+        (``check_prefetch_progress``); one still prefetching is skipped, not blocking."""
+        p, life, now = self.p, self.life, self.env.now
+        i = 0
+        while i < len(self.waiting) and budget.rem_total() > 0 and budget.rem_input > 0:
+            if budget.rem_chunk <= 0:
+                break
+            if p.max_running_requests and len(self.running) + len(batch) >= p.max_running_requests:
+                break
+            req = self.waiting[i]
+            credit = life.prefetch_done(req.rid, now)
+            if credit < 0:
+                i += 1
+                continue
+            if req.prefetch_start >= 0 and req.prefetch_end < 0:
+                req.prefetch_end = now
+            req.storage_credit += credit
+            n = len(self.waiting)
+            ok = self._add_waiting(budget, batch, req)
+            if credit and len(self.waiting) == n:
+                self.cache.defects["D5"] += 1  # SGLang overwrites the credit with 0 next pass
+                self.cache.defect_tokens["D5"] += credit
+            if not ok:
+                break
+
+    def _wake_at_prefetch_deadline(self) -> None:
+        """Idle with requests waiting on their prefetch: wake when the earliest timeout
+        expires (stage progress wakes the scheduler through its listener)."""
+        cache = self.cache
+        if cache.storage is None or not self.waiting:
+            return
+        deadlines = [cache.prefetch_deadline(r.rid) for r in self.waiting]
+        due = min((d for d in deadlines if d is not None), default=None)
+        if due is None:
+            return
+        wake = self._wake
+        delay = max(0.0, due - self.env.now) + 1e-9  # the comparison is strict
+        self.env.timeout(delay).callbacks.append(
+            lambda _e: None if wake.triggered else wake.succeed()
+        )
 
     def _add_chunked(self, budget: _PrefillBudget, batch: list[tuple[SimReq, int, int]]) -> None:
         """The next chunk of the request being prefilled in chunks goes first."""
@@ -219,10 +280,12 @@ class Scheduler:
             if size == left:
                 self.chunked = None
 
-    def _add_waiting(self, budget: _PrefillBudget, batch: list[tuple[SimReq, int, int]]) -> bool:
-        """Try to admit the head of the queue (PrefillAdder.add_one_req); False stops the batch."""
+    def _add_waiting(
+        self, budget: _PrefillBudget, batch: list[tuple[SimReq, int, int]], req: SimReq
+    ) -> bool:
+        """Try to admit ``req`` (the first waiting request the loop reaches:
+        PrefillAdder.add_one_req); False stops the batch."""
         life, ps = self.life, self.p.page_size
-        req = self.waiting[0]
         key = self._fill_key(req)
         m = life.match(key, req.fill_len)
         dev = m.device_hit_length
@@ -248,12 +311,22 @@ class Scheduler:
             return False
         kv = life.lock(key, prefix, last)  # the request's own lock
         life.release(m.last_device_node)
-        self.waiting.popleft()
+        if self.waiting[0] is req:
+            self.waiting.popleft()
+        else:
+            self.waiting.remove(req)
         if req.device_hit < 0:  # first admission: what the user sees as cached
             req.device_hit = dev
-            req.host_hit = loaded
+            from_l3 = min(loaded, req.storage_credit)
+            req.storage_hit = from_l3
+            req.host_hit = loaded - from_l3
             req.host_hit_recomputed = m.host_hit_length - loaded
             req.admitted = self.env.now
+            if req.storage_credit and loaded < m.host_hit_length:
+                # SGLang's breakdown counts the matched host hit, loaded or not (D6)
+                self.cache.defects["D6"] += 1
+                self.cache.defect_tokens["D6"] += m.host_hit_length - loaded
+        req.storage_credit = 0
         req.kv = kv
         req.filled = cached
         batch.append((req, size, cached))
@@ -455,7 +528,7 @@ class Scheduler:
         victim.retractions += 1
         victim.fill_len = victim.input_length + victim.decoded
         victim.filled = 0
-        self.waiting.append(victim)
+        self._enqueue(victim)
         self.new_token_ratio = self.init_ratio
 
     def _finish(self, req: SimReq) -> None:
