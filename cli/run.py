@@ -91,6 +91,7 @@ def _write_csv(rows: Sequence[dict[str, Any]], path: Path) -> None:
 
 def _add_hitrate(sub: Any) -> None:
     from hicache.policy import WRITE_POLICIES
+    from hicache.policy.storage import PREFETCH_POLICIES
     from sim.hitrate import EVICTIONS, OUTPUT_MODES, WRITE_BACK_NOTE
 
     p = sub.add_parser(
@@ -135,11 +136,36 @@ def _add_hitrate(sub: Any) -> None:
         help="cache: a finished request inserts prompt + outputs, as SGLang's "
         "cache_finished_req (default); skip: the prompt only",
     )  # fmt: skip
+    l3 = p.add_argument_group("L3 storage tier (SGLang --hicache-storage-backend)")
+    l3.add_argument(
+        "--storage-tokens", type=_storage_list, metavar="S[,S...]",
+        help="add an L3 store behind the host pool: its size in tokens, or 'unlimited' (a "
+        "page LRU when bounded); rows then split hits into device / host / storage",
+    )  # fmt: skip
+    l3.add_argument(
+        "--prefetch-policy", choices=PREFETCH_POLICIES, default="timeout",
+        help="timeout (SGLang's default) and wait_complete take storage I/O as instant here "
+        "(use `run` to time it); best_effort ends each prefetch before any read, as SGLang does "
+        "for a request that is admitted at once, so it gains nothing in this replay",
+    )  # fmt: skip
+    l3.add_argument(
+        "--prefetch-threshold", type=int_at_least(1), default=256,
+        help="tokens a prefetch must ask for and find (SGLang's default 256)",
+    )  # fmt: skip
     p.add_argument("--jobs", type=jobs_arg, default=0, help="worker processes (0 = all cores)")
     p.add_argument("--csv", type=Path, help="write the table as CSV (FILE.csv)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--plot", type=Path, help="write hit rate vs capacity (.png, .svg or .pdf)")
     p.set_defaults(func=_cmd_hitrate)
+
+
+def _storage_list(text: str) -> list[int]:
+    """``--storage-tokens``: sizes in tokens, ``unlimited`` (0 inside) allowed."""
+    out = []
+    for part in text.split(","):
+        part = part.strip().lower()
+        out += [0] if part in ("unlimited", "inf") else _int_list(part)
+    return out
 
 
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")
@@ -206,17 +232,29 @@ def _hitrate_configs(args: argparse.Namespace, notes: list[str]) -> list[Any]:
             eviction=ev,
             write_policy=wp,
             outputs=args.outputs,
+            storage=l3 is not None,
+            storage_tokens=l3 or 0,
+            prefetch_policy=args.prefetch_policy,
+            prefetch_threshold=args.prefetch_threshold,
         )
         for ev in args.eviction
         for wp in args.write_policy
         for dev in args.device_tokens
         for host in _host_pools(args, dev)
+        for l3 in (args.storage_tokens or [None])
     ]
     for cfg in configs:
         try:
             cfg.validate()
         except ValueError as e:
-            option = "--host-tokens" if "host" in str(e) else "--device-tokens"
+            msg = str(e)
+            option = (
+                "--storage-tokens"
+                if "storage" in msg
+                else "--host-tokens"
+                if "host" in msg
+                else "--device-tokens"
+            )
             raise UserError(f"{option}: {e}") from None
     return configs
 
@@ -269,6 +307,8 @@ def _write_output(path: Path, what: str, write: Any) -> None:
 
 
 def format_hitrate_table(rows: list[dict[str, Any]], inf: float, n_requests: int) -> str:
+    if any(r.get("storage") for r in rows):
+        return _format_l3_table(rows, inf, n_requests)
     head = (
         f"{'eviction':>8} {'write_policy':>23} {'device':>11} {'host':>11} "
         f"{'hit':>6} {'device':>6} {'host':>6} {'written':>12} {'loaded':>12} {'dev_evict':>12} "
@@ -285,6 +325,28 @@ def format_hitrate_table(rows: list[dict[str, Any]], inf: float, n_requests: int
             f"{r['host_hit_rate']:>6.2%} {r['tokens_written']:>12,} {r['tokens_loaded']:>12,} "
             f"{r['device_evicted_tokens']:>12,} {r['host_evicted_tokens']:>12,} "
             f"{r['host_alloc_failures']:>6}"
+        )
+    return "\n".join(lines)
+
+
+def _format_l3_table(rows: list[dict[str, Any]], inf: float, n_requests: int) -> str:
+    """The hit-rate table with an L3 column set (device / host / storage hit rates)."""
+    lines = [
+        f"{n_requests} requests; infinite-capacity hit rate {inf:.2%} (the best any policy can do)",
+        f"{'eviction':>8} {'write_policy':>23} {'device':>11} {'host':>11} {'storage':>11} "
+        f"{'prefetch':>13} {'hit':>6} {'device':>6} {'host':>6} {'L3':>6} {'L3 read':>12} "
+        f"{'L3 written':>12}",
+    ]
+    for r in rows:
+        size = f"{r['storage_tokens']:,}" if r.get("storage_tokens") else "unlimited"
+        if not r.get("storage"):
+            size = "-"
+        lines.append(
+            f"{r['eviction']:>8} {r['write_policy']:>23} {r['device_tokens']:>11,} "
+            f"{r['host_tokens']:>11,} {size:>11} {r['prefetch_policy']:>13} "
+            f"{r['hit_rate']:>6.2%} {r['device_hit_rate']:>6.2%} {r['host_hit_rate']:>6.2%} "
+            f"{r['storage_hit_rate']:>6.2%} {r['storage_read_tokens']:>12,} "
+            f"{r['storage_written_tokens']:>12,}"
         )
     return "\n".join(lines)
 
