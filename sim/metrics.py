@@ -209,6 +209,7 @@ def summarize(frames: dict[str, Any], sim_duration_s: float, wall_time_s: float)
     prompt = int(done["prompt_tokens"].sum())
     dev = int(done["device_hit_tokens"].sum())
     host = int(done["host_hit_tokens"].sum())
+    l3 = int(done["storage_hit_tokens"].sum())
 
     def q(col: str, p: float) -> float:
         s = done[col].dropna()
@@ -226,9 +227,10 @@ def summarize(frames: dict[str, Any], sim_duration_s: float, wall_time_s: float)
         "finished_requests": len(done),
         "rejected_requests": int(len(req) - len(done)),
         "prompt_tokens": prompt,
-        "hit_rate": (dev + host) / prompt if prompt else 0.0,
+        "hit_rate": (dev + host + l3) / prompt if prompt else 0.0,
         "device_hit_rate": dev / prompt if prompt else 0.0,
         "host_hit_rate": host / prompt if prompt else 0.0,
+        "storage_hit_rate": l3 / prompt if prompt else 0.0,
         "host_hit_recomputed_tokens": int(done["host_hit_recomputed_tokens"].sum()),
         "ttft_mean_s": mean("ttft_s"),
         "ttft_p50_s": q("ttft_s", 0.5),

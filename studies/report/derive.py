@@ -45,21 +45,25 @@ def pick(values: Sequence[Any], n: int) -> list[Any]:
     return [values[i] for i in idx]
 
 
-BREAKDOWN_PARTS = ("queueing", "load stall", "prefill compute", "other")
+BREAKDOWN_PARTS = ("prefetch wait", "queueing", "load stall", "prefill compute", "other")
 
 
 def ttft_breakdown(run: Run) -> dict[str, float]:
-    """Mean seconds per finished request: queueing (arrival to admission), load stall
-    (waiting for host->device loads), prefill compute, and other (the rest of the TTFT:
-    waiting between prefill chunks and for batch slots); plus the mean TTFT."""
+    """Mean seconds per finished request: L3 prefetch wait (arrival until its prefetch ended;
+    0 without an L3 tier), queueing (the rest of arrival to admission), load stall (waiting
+    for host->device loads), prefill compute, and other (the rest of the TTFT: waiting between
+    prefill chunks and for batch slots); plus the mean TTFT."""
     req = run.finished()
     if not len(req):
         return {p: math.nan for p in (*BREAKDOWN_PARTS, "ttft")}
     q, stall, pre, ttft = (
         float(req[c].mean()) for c in ("queue_s", "load_stall_s", "prefill_s", "ttft_s")
     )
+    # runs written before the L3 tier have no prefetch column
+    wait = float(req["prefetch_wait_s"].mean()) if "prefetch_wait_s" in req else 0.0
     return {
-        "queueing": q,
+        "prefetch wait": wait,
+        "queueing": max(0.0, q - wait),
         "load stall": stall,
         "prefill compute": pre,
         "other": max(0.0, ttft - q - stall - pre),

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 #: Panels of the TTFT CDF figure (one per capacity or rate).
 MAX_CDF_PANELS = 6
 _PART_COLORS = {
+    "prefetch wait": "#ff7f00",
     "queueing": "#9e9e9e",
     "load stall": "#e31a1c",
     "prefill compute": "#1f78b4",
@@ -378,8 +379,9 @@ def fig_ttft_breakdown(data: ReportData) -> ReportFigure:
     return ReportFigure(
         "fig-ttft-breakdown",
         "TTFT breakdown",
-        "Mean time to first token per request, split into queueing (arrival to admission), "
-        "load stall (waiting for host-to-device loads), prefill compute, and other (waits "
+        "Mean time to first token per request, split into L3 prefetch wait (arrival until the "
+        "request's storage prefetch ended; 0 without an L3 tier), queueing (the rest of arrival "
+        "to admission), load stall (waiting for host-to-device loads), prefill compute, and other (waits "
         "between prefill chunks and for batch slots).",
         fig,
         {"parts": list(BREAKDOWN_PARTS), "rows": rows},
