@@ -28,6 +28,7 @@ from sim.link import DuplexLink
 from sim.metrics import Recorder, summarize, write_json_atomic, write_parquet_atomic
 from sim.routers import Router, build_router
 from sim.scheduler import Scheduler, SchedulerParams, SimReq
+from sim.storage_setup import StorageSetup, storage_summary
 
 if TYPE_CHECKING:
     from hicache.config import SimConfig
@@ -57,6 +58,7 @@ class Engine:
         stall_events: int = 0,
         instances: int = 1,
         router: Router | None = None,
+        storage: StorageSetup | None = None,
     ) -> None:
         if instances < 1:
             raise ValueError(f"instances must be >= 1, got {instances}")
@@ -69,9 +71,10 @@ class Engine:
                      page_size=page_size, write_policy=write_policy, eviction=eviction,
                      costs=costs, sched=sched, on_finished=self._finished,
                      next_arrival=self._next_arrival, timeline_max_rows=timeline_max_rows,
-                     load_back_threshold=load_back_threshold)
+                     load_back_threshold=load_back_threshold, storage=storage)
             for i in range(instances)
         ]  # fmt: skip
+        self.storage = storage
         self.router = router
         self.reqs = reqs
         self.closed_loop = closed_loop
@@ -177,6 +180,10 @@ class Engine:
             full = [d for d in dfs if len(d)]  # an idle instance's empty table has no dtypes
             out[name] = pd.concat(full, ignore_index=True) if len(full) > 1 else (full or dfs)[0]
         out["requests"] = out["requests"].sort_values("rid", kind="stable").reset_index(drop=True)
+        if self.storage is not None:
+            from sim.storage import STORAGE_CALL_COLUMNS
+
+            out["storage_calls"] = pd.DataFrame(self.storage.rows, columns=STORAGE_CALL_COLUMNS)
         return out
 
     # ------------------------------------------------------------------------------- run --
@@ -297,10 +304,12 @@ def run_simulation(
         router=build_router(cfg.router, cfg.cluster.instances, ps)
         if cfg.cluster.instances > 1
         else None,
+        storage=StorageSetup.from_config(cfg, costs.bytes_per_page),
     )
     duration = engine.run()
     frames = engine.frames()
     summary = summarize(frames, duration, time.perf_counter() - t0)
+    summary.update(storage_summary(engine, frames))
     if cfg.cluster.instances > 1:
         summary.update(fleet_summary(frames, duration, cfg.router.policy))
     if out_dir is not None:

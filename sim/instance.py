@@ -21,6 +21,8 @@ from sim.costs import Costs
 from sim.link import DuplexLink
 from sim.metrics import Recorder, RequestRow, TimelineRow
 from sim.scheduler import Scheduler, SchedulerParams, SimReq
+from sim.storage import SimStorage
+from sim.storage_setup import StorageSetup
 
 
 class Instance:
@@ -44,6 +46,7 @@ class Instance:
         next_arrival: Callable[[], float],
         timeline_max_rows: int = 20_000,
         load_back_threshold: int = 10,
+        storage: StorageSetup | None = None,
     ) -> None:
         self.env = env
         self.index = index
@@ -65,6 +68,10 @@ class Instance:
         self._on_finished = on_finished
         self.routed = 0
         self.done = 0
+        self.storage: SimStorage | None = None
+        if storage is not None:
+            self.storage = storage.attach(env, index, self.cache, self.host, device_tokens)
+            self.storage.listeners.append(self._on_storage_call)
 
     # ------------------------------------------------------------------------- requests --
     def admit(self, r: SimReq) -> None:
@@ -91,6 +98,12 @@ class Instance:
                        else 0.0)
         )  # fmt: skip
         self._on_finished(r)
+
+    def _on_storage_call(self, _call: object) -> None:
+        # a query, read or backup ended: a waiting request's prefetch may now be done, slots
+        # or pins may be released at the next drain
+        if self.sched.waiting:
+            self.sched.wake()
 
     def _on_link_change(self) -> None:
         # a finished copy can unblock admission (pins released at the next check)

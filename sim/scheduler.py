@@ -261,10 +261,13 @@ class Scheduler:
         if due is None:
             return
         wake = self._wake
+
+        def ring(_event: simpy.Event) -> None:
+            if not wake.triggered:
+                wake.succeed()
+
         delay = max(0.0, due - self.env.now) + 1e-9  # the comparison is strict
-        self.env.timeout(delay).callbacks.append(
-            lambda _e: None if wake.triggered else wake.succeed()
-        )
+        self.env.timeout(delay).callbacks.append(ring)
 
     def _add_chunked(self, budget: _PrefillBudget, batch: list[tuple[SimReq, int, int]]) -> None:
         """The next chunk of the request being prefilled in chunks goes first."""

@@ -44,6 +44,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "router.policy": ROUTER_POLICIES,
     "storage.backend": STORAGE_BACKENDS,
     "storage.prefetch_policy": PREFETCH_POLICIES,
+    "storage.shared": ("auto", "yes", "no"),
 }
 
 

@@ -22,6 +22,7 @@ from hicache.config.sections import (
     RunConfig,
     SchedulerConfig,
     SimConfig,
+    StorageConfig,
     WorkloadConfig,
     _Section,
 )
@@ -138,6 +139,7 @@ def _build(
             workload=WorkloadConfig(**values.get("workload", {})),
             cluster=ClusterConfig(**values.get("cluster", {})),
             router=RouterConfig(**values.get("router", {})),
+            storage=StorageConfig(**values.get("storage", {})),
             run=RunConfig(**values.get("run", {})),
         )
     except ConfigError as e:

@@ -424,9 +424,9 @@ class StorageConfig:
     capacity_gb: float = 0.0
     # the file backend's eviction_ratio: a full store evicts down to this share of its size
     eviction_ratio: float = 0.9
-    # one store shared by every instance of the cluster (Mooncake store, 3FS); False = one
-    # store and link per instance (local files)
-    shared: bool = True
+    # auto: as the backend preset says (3FS and Mooncake stores are shared by every instance,
+    # local files are not); yes: one store and link for the cluster; no: one per instance
+    shared: str = "auto"
     # replaces the preset's read bandwidth, GB/s per instance link (0 = the preset's)
     read_gbps_override: float = 0.0
     # replaces the preset's write bandwidth, GB/s (0 = the preset's)
@@ -435,6 +435,7 @@ class StorageConfig:
     def __post_init__(self) -> None:
         _choice("storage.backend", self.backend, STORAGE_BACKENDS)
         _choice("storage.prefetch_policy", self.prefetch_policy, PREFETCH_POLICIES)
+        _choice("storage.shared", self.shared, ("auto", "yes", "no"))
         _at_least("storage.prefetch_threshold", self.prefetch_threshold, 1)
         _at_least("storage.prefetch_timeout_base", self.prefetch_timeout_base, 0)
         _at_least("storage.prefetch_timeout_per_ki_token", self.prefetch_timeout_per_ki_token, 0)

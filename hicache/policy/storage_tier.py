@@ -46,7 +46,8 @@ DEFECTS: dict[str, str] = {
     "match length); here: only loaded tokens are reported",
     "D7": "prefetch keys chained from a misaligned anchor (reproduced: the prefetch misses); "
     "counted, with the tokens the store held under the right keys",
-    "D8": "prefetch passes prefix keys without the anchor's (only custom backends read them)",
+    "D8": "prefetch passes prefix keys without the anchor's; not counted: it needs "
+    "hicache_storage_pass_prefix_keys (off by default) and a custom backend that reads them",
     "D9": "stale revoke of an earlier prefetch under the same request id (SGLang: pops the new "
     "one); here: ignored",
     "D10": "reset leaves in-flight prefetch/backup entries behind; here: cleared",
@@ -316,10 +317,7 @@ class StorageTier:
             if theirs > ours:
                 self.defects["D2"] += 1
                 self.defect_tokens["D2"] += (theirs - ours) * ps
-        issued = self.prefetch_from_storage(rid, anchor, symbols, last, now, extra_key)
-        if issued and anchor is not self.root:
-            self.defects["D8"] += 1
-        return issued
+        return self.prefetch_from_storage(rid, anchor, symbols, last, now, extra_key)
 
     def storage_host_pages_outside(self) -> list[int]:
         """Host pages that prefetches hold outside the tree (reserved, being read, or queued
