@@ -100,14 +100,14 @@ class Instance:
         self._on_finished(r)
 
     def _on_storage_call(self, _call: object) -> None:
-        # a query, read or backup ended: a waiting request's prefetch may now be done, slots
-        # or pins may be released at the next drain
-        if self.sched.waiting:
-            self.sched.wake()
+        # a query, read or backup ended: SGLang's loop sees it at its next iteration (a
+        # prefetch may be done, slots or pins released), even when it has nothing to run
+        self.sched.wake()
 
     def _on_link_change(self) -> None:
-        # a finished copy can unblock admission (pins released at the next check)
-        if self.sched.waiting:
+        # a finished copy can unblock admission (pins released at the next check); with an
+        # L3 tier its ack also starts a backup at the next iteration, queue or not
+        if self.sched.waiting or self.storage is not None:
             self.sched.wake()
 
     def _sample(self) -> None:

@@ -454,6 +454,17 @@ class Scheduler:
         a, b = self.cost.decode_coeffs(bs)
         kv0 = self.kv_total
         queued = bool(self.waiting) or self.chunked is not None
+        # every waiting request still prefetching: admission cannot change until a storage or
+        # copy event (which wakes us: the step under way ends, then admission runs) or a
+        # timeout deadline, so the steps chain as with an empty queue (FCFS only: LPM's
+        # per-step matching touches the tree)
+        blocked = queued and self._only_prefetching()
+        if blocked:
+            queued = False
+        # with an L3 tier every copy or storage call that ends wakes the scheduler (an ack
+        # drained at the next iteration can start a backup or end a prefetch): a chain of
+        # steps then stops at the end of the step under way
+        wakeable = self.cache.storage is not None and not queued
         # with a queue every step re-checks admission: one step, no plan needed
         finish = 1 if queued else min(r.output_length - r.decoded for r in run)
         # (steps from now to the request's next page boundary, its index in the batch)
@@ -477,12 +488,26 @@ class Scheduler:
                     kk += 1
                 cut, k = kk < k, kk
             dur = k * step0 + b * bs * k * (k - 1) / 2  # steps of a + b*(kv0 + j*bs), j < k
+            if wakeable:
+                wake = self._wake = env.event()
+                self._wake_at_prefetch_deadline()
+                seg = env.timeout(start + dur - env.now)
+                got = yield seg | wake
+                if seg not in got:  # woken mid-segment: the step under way ends, then stop
+                    k = self._steps_until(env.now - start, k, step0, b * bs)
+                    dur = k * step0 + b * bs * k * (k - 1) / 2
+                    cut = True
+                    if start + dur > env.now:
+                        yield env.timeout(start + dur - env.now)
+            else:
+                yield env.timeout(start + dur - env.now)
             self.new_token_ratio = max(self.min_ratio, self.new_token_ratio - self.ratio_decay * k)
-            yield env.timeout(start + dur - env.now)
             self.spans.append(("decode", start, start + dur, bs))
             done += k
             self.pending_steps = done
-            if not chain or queued or done >= finish or cut or self.waiting:
+            if not chain or queued or done >= finish or cut:
+                break
+            if self.waiting and not (blocked and self._only_prefetching()):
                 break
             if self.chunked is not None:
                 break
@@ -495,6 +520,26 @@ class Scheduler:
                 run.remove(r)
                 self.kv_total -= r.kv_tokens
                 self._finish(r)
+
+    def _only_prefetching(self) -> bool:
+        """Every waiting request's prefetch check would say "not yet" now (FCFS, L3 on)."""
+        cache, now = self.cache, self.env.now
+        if cache.storage is None or self.p.policy == "lpm" or self.chunked is not None:
+            return False
+        return all(cache.prefetch_pending(r.rid, now) for r in self.waiting)
+
+    @staticmethod
+    def _steps_until(elapsed: float, k: int, step0: float, inc: float) -> int:
+        """The least j in 1..k whose first j steps (``step0 + i * inc`` each) last at least
+        ``elapsed``: the step in progress at ``elapsed`` ends the segment."""
+        lo, hi = 1, k
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if mid * step0 + inc * mid * (mid - 1) / 2 >= elapsed:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
 
     def _new_page(self, r: SimReq) -> None:
         page = self.cache.controller.device.alloc_pages(1)

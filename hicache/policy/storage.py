@@ -39,16 +39,18 @@ PREFETCH_CAPACITY_SHARE = 0.8
 
 
 class PageHasher:
-    """Interned prefix-chained page keys. Key 0 is the empty prefix (the root)."""
+    """Prefix-chained page keys: ``key(page i) = hash((key(page i-1), symbols of page i))``,
+    from 0 for the empty prefix (the root), as SGLang chains SHA-256 over the previous key and
+    the page's tokens. A 64-bit hash of a pair is not injective in theory; two different
+    prefixes meet with a probability of about n^2 / 2^64 for n distinct pages (1e-7 for a
+    million pages), which is the same kind of bet SGLang makes with SHA-256, at a fraction of
+    the cost and with no table to keep. Symbols are the tree's page symbols (ints, or tuples
+    of token ids), whose hashes do not vary between processes, so keys are reproducible."""
 
-    __slots__ = ("_ids", "_seeds")
+    __slots__ = ("_seeds",)
 
     def __init__(self) -> None:
-        self._ids: dict[tuple[int, Hashable], int] = {}
         self._seeds: dict[str, int] = {}
-
-    def __len__(self) -> int:
-        return len(self._ids)
 
     def seed(self, extra_key: str | None) -> int:
         """The chain start of a namespace: 0 without an extra key. SGLang ignores the extra key
@@ -61,31 +63,15 @@ class PageHasher:
         return s
 
     def chain(self, last: int, symbols: Sequence[Hashable]) -> list[int]:
-        """Keys of ``symbols`` (one per page) following a page whose key is ``last``; new keys
-        are interned."""
-        ids = self._ids
+        """Keys of ``symbols`` (one per page) following a page whose key is ``last``."""
         out: list[int] = []
+        append = out.append
         for sym in symbols:
-            k = (last, sym)
-            nxt = ids.get(k)
-            if nxt is None:
-                nxt = ids[k] = len(ids) + 1
-            out.append(nxt)
-            last = nxt
+            last = hash((last, sym))
+            append(last)
         return out
 
-    def find(self, last: int, symbols: Sequence[Hashable]) -> list[int]:
-        """Like :meth:`chain` without interning: stops before the first page never hashed by
-        ``chain`` (which, therefore, cannot be in any store)."""
-        ids = self._ids
-        out: list[int] = []
-        for sym in symbols:
-            nxt = ids.get((last, sym))
-            if nxt is None:
-                break
-            out.append(nxt)
-            last = nxt
-        return out
+    find = chain  # no table: a key never stored is simply not found by the store
 
 
 class PageStore:
@@ -128,18 +114,23 @@ class PageStore:
     def get(self, keys: Sequence[int]) -> int:
         """Read: consecutive existing keys from the first, each refreshed (``batch_get``)."""
         pages = self._pages
-        n = 0
-        for k in keys:
-            if k not in pages:
-                break
-            pages.move_to_end(k)
-            n += 1
+        n = self.exists_prefix(keys)
+        if self.capacity_pages is not None:  # recency matters only to a capped store
+            for k in keys[:n]:
+                pages.move_to_end(k)
         self.pages_read += n
         return n
 
     def set(self, keys: Sequence[int]) -> bool:
         """Write (``batch_set``): existing keys are refreshed and skipped, new ones stored."""
         pages, cap = self._pages, self.capacity_pages
+        if cap is None:  # unbounded: no recency to keep
+            before = len(pages)
+            pages.update(dict.fromkeys(keys))
+            new = len(pages) - before
+            self.pages_written += new
+            self.pages_skipped += len(keys) - new
+            return True
         for k in keys:
             if k in pages:
                 pages.move_to_end(k)
