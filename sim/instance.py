@@ -94,8 +94,7 @@ class Instance:
             RequestRow(r.rid, r.arrival, r.admitted, r.first_token, r.finish, r.prefill_s,
                        r.load_stall_s, r.input_length, r.output_length, r.device_hit, r.host_hit,
                        r.host_hit_recomputed, r.computed, r.retractions, r.storage_hit,
-                       r.prefetch_end - r.arrival if r.prefetch_start >= 0 <= r.prefetch_end
-                       else 0.0)
+                       r.prefetch_wait)
         )  # fmt: skip
         self._on_finished(r)
 

@@ -33,7 +33,8 @@ class RequestRow(NamedTuple):
     computed_tokens: int
     retractions: int
     storage_hit_tokens: int = 0  # of the host hit, tokens an L3 prefetch brought to the host
-    prefetch_wait_s: float = 0.0  # arrival -> its L3 prefetch ended (0: none issued)
+    # seconds admission reached it but held it back for its L3 prefetch (0: never)
+    prefetch_wait_s: float = 0.0
 
 
 class TimelineRow(NamedTuple):

@@ -98,9 +98,10 @@ class SimReq:
     prefill_s: float = 0.0
     load_stall_s: float = 0.0
     retractions: int = 0
-    # L3: when its (latest) prefetch was issued / ended (-1: none), its credit until admission
-    prefetch_start: float = -1.0
-    prefetch_end: float = -1.0
+    # L3: when admission first reached it while its prefetch ran (-1: not now), the seconds
+    # admission was held back by prefetches in all, its credit until admission, its L3 hit
+    prefetch_held: float = -1.0
+    prefetch_wait: float = 0.0
     storage_credit: int = 0
     storage_hit: int = 0
 
@@ -163,10 +164,8 @@ class Scheduler:
 
     def _enqueue(self, req: SimReq) -> None:
         """``_add_request_to_queue``: with an L3 tier, match and prefetch now."""
-        storage = self.cache.storage is not None
-        if storage and self.life.prefetch(req.rid, self._fill_key(req), req.fill_len, self.env.now):
-            req.prefetch_start = self.env.now
-            req.prefetch_end = -1.0
+        if self.cache.storage is not None:
+            self.life.prefetch(req.rid, self._fill_key(req), req.fill_len, self.env.now)
         self.waiting.append(req)
 
     def wake(self) -> None:
@@ -236,11 +235,14 @@ class Scheduler:
                 break
             req = self.waiting[i]
             credit = life.prefetch_done(req.rid, now)
-            if credit < 0:
+            if credit < 0:  # reached, but held back by its prefetch
+                if req.prefetch_held < 0:
+                    req.prefetch_held = now
                 i += 1
                 continue
-            if req.prefetch_start >= 0 and req.prefetch_end < 0:
-                req.prefetch_end = now
+            if req.prefetch_held >= 0:
+                req.prefetch_wait += now - req.prefetch_held
+                req.prefetch_held = -1.0
             req.storage_credit += credit
             n = len(self.waiting)
             ok = self._add_waiting(budget, batch, req)
