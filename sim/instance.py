@@ -101,12 +101,14 @@ class Instance:
     def _on_storage_call(self, _call: object) -> None:
         # a query, read or backup ended: SGLang's loop sees it at its next iteration (a
         # prefetch may be done, slots or pins released), even when it has nothing to run
-        self.sched.wake()
+        self.sched.notify()
 
     def _on_link_change(self) -> None:
         # a finished copy can unblock admission (pins released at the next check); with an
         # L3 tier its ack also starts a backup at the next iteration, queue or not
-        if self.sched.waiting or self.storage is not None:
+        if self.storage is not None:
+            self.sched.notify()
+        elif self.sched.waiting:
             self.sched.wake()
 
     def _sample(self) -> None:

@@ -154,6 +154,12 @@ class Scheduler:
         self.pending_steps = 0
         # the running requests' kv_tokens, summed (kept exact, in integers, as they change)
         self.kv_total = 0
+        # L3 runs (notify): idle, the decode segment in progress (start, first step, step
+        # growth, steps), the step whose end has a check due, the step to stop a chain after
+        self._idle = False
+        self._seg: tuple[float, float, float, int] | None = None
+        self._check_step = 0
+        self._stop_after = 0
 
     # ---------------------------------------------------------------------------- inbox --
     def arrive(self, req: SimReq) -> None:
@@ -172,6 +178,37 @@ class Scheduler:
         if not self._wake.triggered:
             self._wake.succeed()
 
+    def notify(self) -> None:
+        """A copy or storage call ended (runs with an L3 tier): SGLang's loop sees it at its
+        next iteration. Idle: wake now. Inside a chain of decode steps: at the end of the step
+        under way, run that iteration's HiCache check (acks start backups, drains release
+        slots and pins) and, if a waiting request may now be admitted, stop the chain there.
+        In a prefill: the loop checks when it ends."""
+        if self._idle:
+            self.wake()
+            return
+        seg = self._seg
+        if seg is None:
+            return
+        start, step0, inc, k = seg
+        j = self._steps_until(self.env.now - start, k, step0, inc)
+        if j >= k:
+            return  # that step ends the segment: the loop runs then
+        at = start + j * step0 + inc * j * (j - 1) / 2
+        if j == self._check_step:
+            return  # already due
+        self._check_step = j
+        self.env.timeout(max(0.0, at - self.env.now)).callbacks.append(self._step_check)
+
+    def _step_check(self, _event: simpy.Event) -> None:
+        j, self._check_step = self._check_step, 0
+        if self._seg is None or j == 0:
+            return  # the segment it was meant for is over
+        self.cache.check_hicache_events()
+        if self.waiting and not self._only_prefetching():
+            self._stop_after = j
+            self.wake()
+
     # ----------------------------------------------------------------------------- loop --
     def run(self) -> Generator[simpy.Event, Any, None]:
         env = self.env
@@ -186,7 +223,9 @@ class Scheduler:
                 self.sample()
                 self._wake = env.event()
                 self._wake_at_prefetch_deadline()
+                self._idle = True
                 yield self._wake
+                self._idle = False
             self.sample()
 
     # ---------------------------------------------------------------------- admission --
@@ -463,10 +502,6 @@ class Scheduler:
         blocked = queued and self._only_prefetching()
         if blocked:
             queued = False
-        # with an L3 tier every copy or storage call that ends wakes the scheduler (an ack
-        # drained at the next iteration can start a backup or end a prefetch): a chain of
-        # steps then stops at the end of the step under way
-        wakeable = self.cache.storage is not None and not queued
         # with a queue every step re-checks admission: one step, no plan needed
         finish = 1 if queued else min(r.output_length - r.decoded for r in run)
         # (steps from now to the request's next page boundary, its index in the batch)
@@ -490,19 +525,23 @@ class Scheduler:
                     kk += 1
                 cut, k = kk < k, kk
             dur = k * step0 + b * bs * k * (k - 1) / 2  # steps of a + b*(kv0 + j*bs), j < k
-            if wakeable:
+            self._seg = (start, step0, b * bs, k)
+            if blocked:
                 wake = self._wake = env.event()
                 self._wake_at_prefetch_deadline()
                 seg = env.timeout(start + dur - env.now)
                 got = yield seg | wake
                 if seg not in got:  # woken mid-segment: the step under way ends, then stop
-                    k = self._steps_until(env.now - start, k, step0, b * bs)
+                    j, self._stop_after = self._stop_after, 0
+                    k = j or self._steps_until(env.now - start, k, step0, b * bs)
                     dur = k * step0 + b * bs * k * (k - 1) / 2
                     cut = True
                     if start + dur > env.now:
                         yield env.timeout(start + dur - env.now)
             else:
                 yield env.timeout(start + dur - env.now)
+            self._seg = None
+            self._check_step = 0
             self.new_token_ratio = max(self.min_ratio, self.new_token_ratio - self.ratio_decay * k)
             self.spans.append(("decode", start, start + dur, bs))
             done += k

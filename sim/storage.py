@@ -34,10 +34,10 @@ a leftover float with an epsilon).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import simpy
 
@@ -120,6 +120,23 @@ class StorageLink:
         self.aggregate = aggregate
         self.dirs = {d: _Direction(d, spec.link_Bps(d)) for d in LINK_DIRECTIONS}
         self.events = 0  # timers armed (for tests: bounded per call)
+        self.clients = 0  # SimStorage drivers on this link: at most one flow each per direction
+        self._until = dict.fromkeys(LINK_DIRECTIONS, 0.0)  # busy-until of uncontended calls
+
+    def uncontended(self) -> bool:
+        """No transfer can ever be slowed: every client may have one flow per direction in
+        flight and the link carries that many at full speed. Callers may then charge a
+        transfer as ``bytes / bandwidth`` with no events (:meth:`account`)."""
+        return self.clients <= self.aggregate
+
+    def account(self, direction: str, nbytes: int, start: float, end: float) -> None:
+        """Record an uncontended transfer over [start, end] (starts come in time order)."""
+        d = self.dirs[direction]
+        d.bytes += nbytes
+        d.calls += 1
+        until = self._until[direction]
+        d.busy_time += max(0.0, end - max(start, until))
+        self._until[direction] = max(until, end)
 
     def transfer(self, direction: str, nbytes: int) -> simpy.Event:
         """Start moving ``nbytes`` (> 0) in ``direction``; the event succeeds when they are
@@ -247,6 +264,7 @@ class SimStorage:
         self.ctrl = ctrl
         self.spec = spec
         self.link = link
+        link.clients += 1
         self.page_bytes = page_bytes_per_rank
         self.link_ranks = {"query": 0, "read": ranks, "write": write_ranks}
         self.hash_s_per_page = hash_s_per_page
@@ -261,15 +279,13 @@ class SimStorage:
             "read": (ctrl.read_begin, ctrl.read_end),
             "write": (ctrl.write_begin, ctrl.write_end),
         }
-        self._idle: dict[str, simpy.Event | None] = dict.fromkeys(CALL_KINDS)
+        self._running = dict.fromkeys(CALL_KINDS, False)
         self._cur: dict[str, PrefetchOp | BackupOp | None] = dict.fromkeys(CALL_KINDS)
         self._ready: dict[str, dict[int, float]] = {k: {} for k in CALL_KINDS}
         self._last_end = dict.fromkeys(CALL_KINDS, 0.0)
         self._started: dict[str, float | None] = dict.fromkeys(CALL_KINDS)
         ctrl.on_work.append(self._on_work)
         self._on_work()  # work queued before we were attached
-        for kind in CALL_KINDS:
-            env.process(self._stage(kind))
 
     # ------------------------------------------------------------------------------ public --
     def busy(self) -> bool:
@@ -297,34 +313,27 @@ class SimStorage:
                 continue
             if tail is not self._cur[kind]:
                 self._ready[kind].setdefault(tail.op_id, now)
-            ev = self._idle[kind]
-            if ev is not None:
-                self._idle[kind] = None
-                ev.succeed()
+            if not self._running[kind]:
+                self._next(kind)
 
     def _charged_pages(self, call: StageCall) -> int:
         """Pages whose per-page cost a call pays: all, except a key-by-key existence query,
         which stops after the first missing page (read without side effects: the hasher's
-        ``find`` does not intern, ``exists_prefix`` does not touch the LRU)."""
+        ``match_chain`` does not touch the LRU)."""
         if call.kind != "query" or not self.spec.query_stops_at_miss:
             return call.pages
-        op = call.op
-        assert isinstance(op, PrefetchOp)
-        start = op.queried_pages
-        last = op.hit_keys[-1] if op.hit_keys else op.last_hash
-        keys = self.ctrl.hasher.find(last, op.symbols[start : start + call.pages])
-        return min(call.pages, self.ctrl.store.exists_prefix(keys) + 1)
+        return min(call.pages, len(self.ctrl.query_probe(call)) + 1)
 
-    def _stage(self, kind: str) -> Generator[simpy.Event, Any, None]:
-        env, stats = self.env, self.stats
+    def _next(self, kind: str) -> None:
+        """Start ``kind``'s next call, if any (the stage is free). Callback-driven, not a
+        process: one timer per call, nothing while idle."""
+        env = self.env
         begin, end = self._stage_fns[kind]
-        page_size = self.ctrl.page_size
         while True:
             call = begin()
             if call is None:
-                ev = self._idle[kind] = env.event()
-                yield ev
-                continue
+                self._running[kind] = False
+                return
             op = call.op
             start = env.now
             if op is self._cur[kind]:
@@ -332,44 +341,70 @@ class SimStorage:
             else:
                 self._cur[kind] = op
                 enqueue = self._ready[kind].pop(op.op_id, start)
-            if call.pages <= 0:  # SGLang makes no backend call for an empty batch
-                end(call)
-                stats.empty_calls += 1
-                self._last_end[kind] = start
-                self._notify(call)
-                continue
-            self._started[kind] = start
-            fixed = self.spec.stage_seconds(kind, self._charged_pages(call), self.page_bytes)
-            if kind == "query":
-                fixed += self.hash_s_per_page * call.pages
-            if fixed > 0:
-                yield env.timeout(fixed)
-            nbytes = call.pages * self.page_bytes * self.link_ranks[kind]
-            if nbytes > 0:
-                yield self.link.transfer(kind, nbytes)
-            done_before = op.completed_tokens if kind == "read" else 0
-            if self._is_head(kind, op):
-                end(call)
-            else:  # the controller was reset (flush) during the call: it ends, unused
-                stats.dropped_calls += 1
-            discarded = 0
-            if kind == "read":
-                discarded = call.pages - (op.completed_tokens - done_before) // page_size
-                stats.pages_discarded += discarded
-                stats.bytes_read += nbytes
-            elif kind == "write":
-                stats.bytes_written += nbytes
-            now = env.now
-            self._started[kind] = None
-            self._last_end[kind] = now
-            stats.calls[kind] += 1
-            stats.pages[kind] += call.pages
-            stats.busy_s[kind] += now - start
-            self.rows.append(
-                StorageCallRow(self.instance, kind, op.op_id, call.pages, nbytes, discarded,
-                               enqueue, start, now)
-            )  # fmt: skip
+            if call.pages > 0:
+                break
+            # SGLang makes no backend call for an empty batch
+            self._running[kind] = True
+            end(call)
+            self.stats.empty_calls += 1
+            self._last_end[kind] = start
             self._notify(call)
+        self._running[kind] = True
+        self._started[kind] = start
+        fixed = self.spec.stage_seconds(kind, self._charged_pages(call), self.page_bytes)
+        if kind == "query":
+            fixed += self.hash_s_per_page * call.pages
+        nbytes = call.pages * self.page_bytes * self.link_ranks[kind]
+        link = self.link
+        done_before = op.completed_tokens if kind == "read" else 0
+        finish = partial(self._finish, kind, call, start, enqueue, nbytes, done_before)
+        if nbytes > 0 and not link.uncontended():
+            # the stage part, then the bytes on a link whose rate others' transfers change
+            def transfer(_event: simpy.Event) -> None:
+                link.transfer(kind, nbytes).callbacks.append(finish)
+
+            env.timeout(fixed).callbacks.append(transfer)
+            return
+        # one timer for the call: its transfer runs at full speed whatever else flows
+        move = nbytes / link.dirs[kind].Bps if nbytes > 0 else 0.0
+        if nbytes > 0:
+            link.account(kind, nbytes, start + fixed, start + fixed + move)
+        env.timeout(fixed + move).callbacks.append(finish)
+
+    def _finish(
+        self,
+        kind: str,
+        call: StageCall,
+        start: float,
+        enqueue: float,
+        nbytes: int,
+        done_before: int,
+        _event: simpy.Event,
+    ) -> None:
+        stats, op = self.stats, call.op
+        if self._is_head(kind, op):
+            self._stage_fns[kind][1](call)
+        else:  # the controller was reset (flush) during the call: it ends, unused
+            stats.dropped_calls += 1
+        discarded = 0
+        if kind == "read":
+            discarded = call.pages - (op.completed_tokens - done_before) // self.ctrl.page_size
+            stats.pages_discarded += discarded
+            stats.bytes_read += nbytes
+        elif kind == "write":
+            stats.bytes_written += nbytes
+        now = self.env.now
+        self._started[kind] = None
+        self._last_end[kind] = now
+        stats.calls[kind] += 1
+        stats.pages[kind] += call.pages
+        stats.busy_s[kind] += now - start
+        self.rows.append(
+            StorageCallRow(self.instance, kind, op.op_id, call.pages, nbytes, discarded,
+                           enqueue, start, now)
+        )  # fmt: skip
+        self._notify(call)
+        self._next(kind)
 
     def _is_head(self, kind: str, op: PrefetchOp | BackupOp) -> bool:
         """``op`` still heads ``kind``'s queue (``StorageController.reset`` empties them)."""

@@ -89,7 +89,10 @@ class PageStore:
             raise ValueError(f"eviction_ratio must be in (0, 1], got {eviction_ratio}")
         self.capacity_pages = capacity_pages
         self.eviction_ratio = eviction_ratio
-        self._pages: OrderedDict[int, None] = OrderedDict()
+        # recency is kept only when it can matter (a capped store)
+        self._pages: set[int] | OrderedDict[int, None] = (
+            set() if capacity_pages is None else OrderedDict()
+        )
         self.pages_written = 0
         self.pages_skipped = 0
         self.pages_read = 0
@@ -115,7 +118,7 @@ class PageStore:
         """Read: consecutive existing keys from the first, each refreshed (``batch_get``)."""
         pages = self._pages
         n = self.exists_prefix(keys)
-        if self.capacity_pages is not None:  # recency matters only to a capped store
+        if isinstance(pages, OrderedDict):  # recency matters only to a capped store
             for k in keys[:n]:
                 pages.move_to_end(k)
         self.pages_read += n
@@ -124,13 +127,14 @@ class PageStore:
     def set(self, keys: Sequence[int]) -> bool:
         """Write (``batch_set``): existing keys are refreshed and skipped, new ones stored."""
         pages, cap = self._pages, self.capacity_pages
-        if cap is None:  # unbounded: no recency to keep
+        if isinstance(pages, set):  # unbounded: no recency to keep
             before = len(pages)
-            pages.update(dict.fromkeys(keys))
+            pages.update(keys)
             new = len(pages) - before
             self.pages_written += new
             self.pages_skipped += len(keys) - new
             return True
+        assert isinstance(pages, OrderedDict)
         for k in keys:
             if k in pages:
                 pages.move_to_end(k)
@@ -144,6 +148,19 @@ class PageStore:
             pages[k] = None
             self.pages_written += 1
         return True
+
+    def match_chain(self, last: int, symbols: Sequence[Hashable]) -> list[int]:
+        """The keys of ``symbols`` chained from ``last`` (as :meth:`PageHasher.chain`), up to
+        the first one not stored: what ``exists_prefix`` would count, without hashing the pages
+        after a miss."""
+        pages = self._pages
+        out: list[int] = []
+        for sym in symbols:
+            last = hash((last, sym))
+            if last not in pages:
+                break
+            out.append(last)
+        return out
 
     def clear(self) -> None:
         self._pages.clear()
@@ -165,6 +182,7 @@ class PrefetchOp:
     queried_pages: int = 0  # pages whose existence was checked so far
     hit_pages: int = -1  # -1 until the query stage has finished
     read_pages: int = 0  # pages handed to read calls so far (including a discarded batch)
+    probe: tuple[int, list[int]] | None = None  # (query start, stored keys found from there)
 
     def increment(self, tokens: int) -> bool:
         if self.terminated:
@@ -313,17 +331,32 @@ class StorageController:
         left = len(op.symbols) - op.queried_pages
         return StageCall("query", op, min(self.batch_pages, left))
 
+    def query_probe(self, call: StageCall) -> list[int]:
+        """The stored keys from the start of ``call``'s pages, up to the first missing one
+        (what its ``batch_exists`` finds). Computed once per call: a timed driver that needs
+        it to charge the call (a key-by-key backend stops at the miss) asks at the start, and
+        the call's result is then what the store held then."""
+        op = call.op
+        assert isinstance(op, PrefetchOp)
+        start = op.queried_pages
+        if op.probe is not None and op.probe[0] == start:
+            return op.probe[1]
+        last = op.hit_keys[-1] if op.hit_keys else op.last_hash
+        keys = self.store.match_chain(last, op.symbols[start : start + call.pages])
+        op.probe = (start, keys)
+        return keys
+
     def query_end(self, call: StageCall) -> None:
         op = call.op
         assert isinstance(op, PrefetchOp) and self.prefetch_queue[0] is op
         st = self.stats
         st.query_calls += 1
         st.pages_queried += call.pages
+        keys = self.query_probe(call)
+        op.probe = None
         start = op.queried_pages
-        last = op.hit_keys[-1] if op.hit_keys else op.last_hash
-        keys = self.hasher.find(last, op.symbols[start : start + call.pages])
-        hit = self.store.exists_prefix(keys)
-        op.hit_keys += keys[:hit]
+        hit = len(keys)
+        op.hit_keys += keys
         op.queried_pages = start + call.pages
         if hit == call.pages and op.queried_pages < len(op.symbols):
             return  # the next chunk
@@ -364,9 +397,10 @@ class StorageController:
         got = self.store.get(op.hit_keys[start : start + call.pages])
         op.read_pages = start + call.pages
         before = op.completed_tokens
-        for _ in range(got):
-            if not op.increment(ps):
-                break
+        # SGLang increments page by page and stops at the first refusal; nothing can set the
+        # flag between two pages here, so one increment of the batch is the same
+        if got:
+            op.increment(got * ps)
         added = (op.completed_tokens - before) // ps
         st.pages_discarded += call.pages - added
         if added < call.pages:

@@ -215,12 +215,15 @@ class StorageTier:
             total += len(parent.key)
             n = parent
         assert total == backup_len, "split chain does not add up to the written length"
-        host_pages: list[int] = []
-        keys: list[int] = []
-        for x in reversed(chain):
-            assert x.host_value is not None
-            host_pages += x.host_value
-            keys += self.node_hash_values(x)
+        if len(chain) == 1:  # the usual case: no split since the write (no copies needed)
+            assert node.host_value is not None
+            host_pages, keys = node.host_value, self.node_hash_values(node)
+        else:
+            host_pages, keys = [], []
+            for x in reversed(chain):
+                assert x.host_value is not None
+                host_pages += x.host_value
+                keys += self.node_hash_values(x)
         op_id = st.write_storage(host_pages, keys)
         self.ongoing_backup[op_id] = node
         node.protect_host()
