@@ -48,8 +48,8 @@ def test_hits_shorter_than_the_prefetch_threshold_are_lost() -> None:
     # fillers push what came before out of L1 and L2
     fill = [[5000 + 100 * i + j for j in range(40)] for i in range(8)]
     fill2 = [[9000 + 100 * i + j for j in range(40)] for i in range(8)]
-    b = a[:12] + [1, 2, 3, 4, 5, 6, 7, 8, 9]
-    c = a[:32] + [11, 12, 13, 14, 15]
+    b = [*a[:12], 1, 2, 3, 4, 5, 6, 7, 8, 9]
+    c = [*a[:32], 11, 12, 13, 14, 15]
     reqs = [_req(i, t, page) for i, t in enumerate([a, *fill, b, *fill2, c])]
     got = {}
     for thr in (8, 16):
