@@ -16,6 +16,7 @@ Standard library only (plus the model presets of :mod:`hicache.hardware`).
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import shlex
@@ -77,6 +78,51 @@ def _model(flag: str, text: str) -> str:
     return model_preset(text, flag)
 
 
+#: SGLang storage backend names -> the preset that stands for them (STORAGE_BACKENDS).
+STORAGE_PRESETS = {"file": "file", "hf3fs": "3fs", "3fs": "3fs", "mooncake": "mooncake"}
+
+#: extra-config keys HiCache reads (STORAGE_TIER.md §6.2) -> config keys.
+EXTRA_CONFIG_KEYS = {
+    "prefetch_threshold": "storage.prefetch_threshold",
+    "prefetch_timeout_base": "storage.prefetch_timeout_base",
+    "prefetch_timeout_per_ki_token": "storage.prefetch_timeout_per_ki_token",
+    "prefetch_timeout_max": "storage.prefetch_timeout_max",
+}
+
+
+def _storage_backend(flag: str, text: str) -> str:
+    preset = STORAGE_PRESETS.get(text)
+    if preset is None:
+        raise ValueError(
+            f"{flag}: no preset for the {text!r} backend (presets: file, hf3fs, mooncake); "
+            "pick the closest with --set storage.backend=... and set its bandwidth with "
+            "storage.read_gbps_override / storage.write_gbps_override"
+        )
+    return preset
+
+
+def extra_config_overrides(flag: str, text: str) -> tuple[list[str], list[str]]:
+    """``--hicache-storage-backend-extra-config``'s JSON: the overrides of the keys HiCache
+    reads, and a note for each other key (the backend's own settings)."""
+    if text.startswith("@"):
+        raise ValueError(f"{flag}: '@file' is not read here; pass the JSON itself")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{flag}: not JSON ({e.msg})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{flag}: expected a JSON object")
+    overrides, notes = [], []
+    for key, value in data.items():
+        dotted = EXTRA_CONFIG_KEYS.get(key)
+        if dotted is None:
+            notes.append(f"{flag}: {key!r} is the backend's own setting, not modelled")
+            continue
+        convert = _int if key == "prefetch_threshold" else _float
+        overrides.append(f"{dotted}={convert(f'{flag} {key}', str(value))}")
+    return overrides, notes
+
+
 @dataclass(frozen=True)
 class Flag:
     """An SGLang flag the simulator models: its names, the config key it sets, and how its
@@ -111,11 +157,18 @@ FLAGS: tuple[Flag, ...] = (
     Flag(("--chunked-prefill-size",), "scheduler.chunked_prefill_size", _int),
     Flag(("--max-prefill-tokens",), "scheduler.max_prefill_tokens", _int),
     Flag(("--max-running-requests",), "scheduler.max_running_requests", _int),
+    Flag(("--hicache-storage-backend",), "storage.backend", _storage_backend,
+         "file, hf3fs (preset 3fs) or mooncake; others have no preset"),
+    Flag(("--hicache-storage-prefetch-policy",), "storage.prefetch_policy", _text),
+    Flag(("--hicache-storage-backend-prefetch-threshold",), "storage.prefetch_threshold", _int,
+         "older releases' flag; 0.5.14 reads extra-config prefetch_threshold"),
 )  # fmt: skip
+
+#: A flag whose JSON value sets several keys (see :func:`extra_config_overrides`).
+EXTRA_CONFIG_FLAG = "--hicache-storage-backend-extra-config"
 
 _BY_NAME: dict[str, Flag] = {n: f for f in FLAGS for n in f.names}
 
-_STORAGE = "the storage tier (L3, --hicache-storage-backend) is not modelled yet"
 _NO_EFFECT = "no effect on what the simulator models (cache, copies, scheduling)"
 _COMPUTE = "compute times come from the latency profile, not from kernel settings"
 _SWITCHES = (
@@ -127,10 +180,6 @@ _SWITCHES = (
 
 #: SGLang flags that are deliberately ignored -> why.
 IGNORED: dict[str, str] = {
-    "--hicache-storage-backend": _STORAGE,
-    "--hicache-storage-prefetch-policy": _STORAGE,
-    "--hicache-storage-backend-extra-config": _STORAGE,
-    "--hicache-storage-backend-prefetch-threshold": _STORAGE,
     "--disable-radix-cache": "not modelled: the simulator always runs the radix cache",
     "--kv-cache-dtype": "KV bytes per token come from the model preset (bf16 KV)",
     "--dtype": "weights and KV dtypes come from the model preset",
@@ -282,6 +331,13 @@ def parse_sglang_args(args: str | Sequence[str], page_size: int | None = None) -
             value = tokens[i]
             i += 1
         shown = name if value is None else f"{name} {value}"
+        if name == EXTRA_CONFIG_FLAG and value is not None:
+            extra, notes = extra_config_overrides(name, value)
+            for item in extra:
+                key, _, text = item.partition("=")
+                values[key] = (text, shown)
+            out.notes += notes
+            continue
         if flag is None:
             out.ignored.append((shown, IGNORED.get(name, "unknown to hicache-sim")))
             continue
@@ -386,6 +442,22 @@ def sglang_flags(cfg: Any) -> tuple[list[str], list[str], list[str]]:
         for name, key in _ENV
         if getattr(s, key) != getattr(default, key)
     ]
+    st = cfg.storage
+    if st.enabled:
+        backend = {"3fs": "hf3fs"}.get(st.backend, st.backend)
+        flags += ["--hicache-storage-backend", backend]
+        flags += ["--hicache-storage-prefetch-policy", st.prefetch_policy]
+        extra = {
+            name: getattr(st, key.split(".")[1])
+            for name, key in EXTRA_CONFIG_KEYS.items()
+            if getattr(st, key.split(".")[1]) != getattr(type(st)(), key.split(".")[1])
+        }
+        if extra:
+            flags += [EXTRA_CONFIG_FLAG, json.dumps(extra, separators=(",", ":"))]
+        comments.append(
+            f"storage: the {st.backend} preset's figures stand for your backend (unmeasured; "
+            "hicache.storage_backends)"
+        )
     if c.load_back_threshold != 10:
         comments.append(
             f"cache.load_back_threshold={c.load_back_threshold} is hard-coded (10) in SGLang "

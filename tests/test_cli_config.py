@@ -96,7 +96,7 @@ def test_the_issue_command_maps_every_modelled_flag() -> None:
     assert cfg.gpu.mem_fraction == 0.85
     ignored = dict(parsed.ignored)
     assert ignored["python -m sglang.launch_server"] == "the launcher, not a flag"
-    assert "not modelled yet" in ignored["--hicache-storage-backend hf3fs"]
+    assert cfg.storage.backend == "3fs"  # hf3fs: the 3FS preset
     assert ignored["--frobnicate 3"] == "unknown to hicache-sim"
     assert "--enable-metrics" in ignored and "--host 0.0.0.0" in ignored
 
@@ -130,7 +130,29 @@ def test_every_flag_maps_to_a_real_key_and_ignored_flags_say_why() -> None:
     keys = {d.dotted for d in key_docs()}
     assert all(f.key in keys for f in FLAGS)
     assert all(why for why in IGNORED.values())
-    assert "--hicache-storage-backend" in IGNORED
+    assert "--hicache-storage-backend" not in IGNORED  # modelled since the L3 tier
+
+
+def test_storage_flags_and_extra_config_round_trip() -> None:
+    flags = (
+        "--enable-hierarchical-cache --hicache-storage-backend mooncake "
+        "--hicache-storage-prefetch-policy best_effort --hicache-storage-backend-extra-config "
+        '\'{"prefetch_threshold": 512, "prefetch_timeout_max": 10, "master": "x:1"}\''
+    )
+    parsed = parse_sglang_args(flags)
+    cfg = load_config(None, parsed.overrides)
+    st = cfg.storage
+    assert (st.backend, st.prefetch_policy) == ("mooncake", "best_effort")
+    assert (st.prefetch_threshold, st.prefetch_timeout_max) == (512, 10.0)
+    assert any("'master'" in n for n in parsed.notes)
+    again = load_config(
+        None, parse_sglang_args(format_sglang_command(cfg).splitlines()[0]).overrides
+    )
+    assert again.storage == st
+    with pytest.raises(ValueError, match="no preset for the 'nixl' backend"):
+        parse_sglang_args("--hicache-storage-backend nixl")
+    with pytest.raises(ValueError, match="not JSON"):
+        parse_sglang_args("--hicache-storage-backend-extra-config '{bad'")
 
 
 @pytest.mark.parametrize(
