@@ -59,3 +59,23 @@ device-check:
 	  $(MAKE) --no-print-directory $(VENV)/.dev && \
 	  $(BIN)/python -m replay.device_check --device cpu --out $${OUT:-runs/device-check}; \
 	fi
+
+# Opt-in conformance check (not part of `make test`): our policy core side by side with the
+# real SGLang HiRadixCache on random operation sequences (conformance/README.md). Builds
+# .venv-conformance (the sglang wheel with --no-deps, the CPU torch wheel from disk, a few light
+# packages); when the wheel cannot be had it prints "conformance SKIPPED: <why>" and succeeds.
+# Extra options: CONFORMANCE_ARGS="--sequences 10 --steps 50".
+SGLANG_VERSION ?= 0.5.14
+CONF_VENV := .venv-conformance
+CONFORMANCE_ARGS ?=
+
+$(CONF_VENV)/.ready-$(SGLANG_VERSION): conformance/requirements.txt conformance/make_venv.sh
+	@bash conformance/make_venv.sh $(PYTHON) $(CONF_VENV) $(SGLANG_VERSION) $(TORCH_CPU)
+
+.PHONY: conformance
+conformance: $(CONF_VENV)/.ready-$(SGLANG_VERSION)
+	@if [ -f $(CONF_VENV)/.ready-$(SGLANG_VERSION) ]; then \
+	  $(CONF_VENV)/bin/python -m conformance.run $(CONFORMANCE_ARGS); \
+	else \
+	  echo "conformance SKIPPED: $$(cat $(CONF_VENV)/.skip-reason 2>/dev/null || echo 'no venv')"; \
+	fi
