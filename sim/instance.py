@@ -16,6 +16,7 @@ import simpy
 from hicache.lifecycle import PagedRequest
 from hicache.policy import HiRadixCache, PageAllocator
 from hicache.policy.allocator import device_pool
+from hicache.policy.storage import StageCall
 from sim.controller import SimController
 from sim.costs import Costs
 from sim.link import DuplexLink
@@ -98,10 +99,10 @@ class Instance:
         )  # fmt: skip
         self._on_finished(r)
 
-    def _on_storage_call(self, _call: object) -> None:
+    def _on_storage_call(self, call: StageCall) -> None:
         # a query, read or backup ended: SGLang's loop sees it at its next iteration (a
         # prefetch may be done, slots or pins released), even when it has nothing to run
-        self.sched.notify()
+        self.sched.notify(storage=call.kind)
 
     def _on_link_change(self) -> None:
         # a finished copy can unblock admission (pins released at the next check); with an

@@ -160,6 +160,7 @@ class Scheduler:
         self._seg: tuple[float, float, float, int] | None = None
         self._check_step = 0
         self._stop_after = 0
+        self._drain_due = False
 
     # ---------------------------------------------------------------------------- inbox --
     def arrive(self, req: SimReq) -> None:
@@ -171,6 +172,9 @@ class Scheduler:
     def _enqueue(self, req: SimReq) -> None:
         """``_add_request_to_queue``: with an L3 tier, match and prefetch now."""
         if self.cache.storage is not None:
+            if self._drain_due:  # an idle SGLang loop would have drained meanwhile
+                self._drain_due = False
+                self.cache.check_hicache_events()
             self.life.prefetch(req.rid, self._fill_key(req), req.fill_len, self.env.now)
         self.waiting.append(req)
 
@@ -178,12 +182,23 @@ class Scheduler:
         if not self._wake.triggered:
             self._wake.succeed()
 
-    def notify(self) -> None:
+    def notify(self, storage: str = "") -> None:
         """A copy or storage call ended (runs with an L3 tier): SGLang's loop sees it at its
         next iteration. Idle: wake now. Inside a chain of decode steps: at the end of the step
         under way, run that iteration's HiCache check (acks start backups, drains release
         slots and pins) and, if a waiting request may now be admitted, stop the chain there.
-        In a prefill: the loop checks when it ends."""
+        In a prefill: the loop checks when it ends.
+
+        ``storage``: the kind of a storage call that ended ("" for a copy). Its drain can only
+        matter to a waiting request's prefetch check (a query or read; a backup ack only
+        releases host pins) or to the next arrival's prefetch, which drains first when the
+        loop is idle (:meth:`_enqueue`) and otherwise comes after a step boundary that drains
+        (an open-loop arrival cuts a chain of steps there). So those need no wake-up; copy
+        acks always do (each starts an L3 backup)."""
+        if storage and (storage == "write" or not self.waiting):
+            if self._idle:
+                self._drain_due = True
+            return
         if self._idle:
             self.wake()
             return
@@ -226,6 +241,7 @@ class Scheduler:
                 self._idle = True
                 yield self._wake
                 self._idle = False
+                self._drain_due = False  # the loop drains now
             self.sample()
 
     # ---------------------------------------------------------------------- admission --

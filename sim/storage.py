@@ -37,7 +37,7 @@ import heapq
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import simpy
 
@@ -284,8 +284,12 @@ class SimStorage:
         self._ready: dict[str, dict[int, float]] = {k: {} for k in CALL_KINDS}
         self._last_end = dict.fromkeys(CALL_KINDS, 0.0)
         self._started: dict[str, float | None] = dict.fromkeys(CALL_KINDS)
+        self._queues: dict[str, Any] = {
+            "query": ctrl.prefetch_queue, "read": ctrl.prefetch_buffer, "write": ctrl.backup_queue,
+        }  # fmt: skip
         ctrl.on_work.append(self._on_work)
-        self._on_work()  # work queued before we were attached
+        for kind in CALL_KINDS:  # work queued before we were attached
+            self._on_work(kind)
 
     # ------------------------------------------------------------------------------ public --
     def busy(self) -> bool:
@@ -299,22 +303,18 @@ class SimStorage:
         return self.stats.busy_s[kind] + extra
 
     # ---------------------------------------------------------------------------- internals --
-    def _on_work(self) -> None:
-        """``ctrl.on_work``: the controller queued work (an op appended to a stage's queue, or
-        a stage's own next call). Note when a new op reached each stage, wake idle stages."""
-        now = self.env.now
-        c = self.ctrl
-        for kind, tail in (
-            ("query", c.prefetch_queue[-1] if c.prefetch_queue else None),
-            ("read", c.prefetch_buffer[-1] if c.prefetch_buffer else None),
-            ("write", c.backup_queue[-1] if c.backup_queue else None),
-        ):
-            if tail is None:
-                continue
-            if tail is not self._cur[kind]:
-                self._ready[kind].setdefault(tail.op_id, now)
-            if not self._running[kind]:
-                self._next(kind)
+    def _on_work(self, kind: str) -> None:
+        """``ctrl.on_work``: the controller queued work for ``kind`` (an op appended to its
+        queue, or its head op's next call). Note when a new op reached the stage; start the
+        stage if it is free."""
+        tail = self._queues[kind]
+        if not tail:
+            return
+        op = tail[-1]
+        if op is not self._cur[kind]:
+            self._ready[kind].setdefault(op.op_id, self.env.now)
+        if not self._running[kind]:
+            self._next(kind)
 
     def _charged_pages(self, call: StageCall) -> int:
         """Pages whose per-page cost a call pays: all, except a key-by-key existence query,

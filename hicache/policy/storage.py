@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from hicache.policy.allocator import PageAllocator
 
@@ -206,8 +207,7 @@ class BackupOp:
     failed: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class StageCall:
+class StageCall(NamedTuple):
     """One backend call a stage is about to make: ``kind`` in query / read / write."""
 
     kind: str
@@ -271,7 +271,9 @@ class StorageController:
         self.host_mem_release_queue: deque[list[int]] = deque()
         self.stats = StorageStats()
         self._next_op = 0
-        self.on_work: list[Callable[[], None]] = []  # a timed driver's wake-ups (new work)
+        # a timed driver's wake-ups: called with the stage ("query", "read", "write") that got
+        # work (a new op at the tail of its queue, or its head op's next call)
+        self.on_work: list[Callable[[str], None]] = []
 
     # -- scheduler-side calls -------------------------------------------------------------------
     def prefetch_rate_limited(self) -> bool:
@@ -290,7 +292,7 @@ class StorageController:
         op = PrefetchOp(self._next_op, rid, host_pages, symbols, last_hash, now)
         self.prefetch_queue.append(op)
         self.stats.prefetch_ops += 1
-        self._kick()
+        self._kick("query")
         return op
 
     def terminate_prefetch(self, op: PrefetchOp) -> tuple[int, list[int]]:
@@ -304,7 +306,7 @@ class StorageController:
         op = BackupOp(self._next_op, host_pages, hash_value)
         self.backup_queue.append(op)
         self.stats.backup_ops += 1
-        self._kick()
+        self._kick("write")
         return op.op_id
 
     def reset(self) -> None:
@@ -377,7 +379,7 @@ class StorageController:
         if hit < len(op.host_pages):
             self.host_mem_release_queue.append(op.host_pages[hit:])
         self.prefetch_buffer.append(op)
-        self._kick()
+        self._kick("read")
 
     # -- the read stage (SGLang's prefetch IO thread) -------------------------------------------
     def read_begin(self) -> StageCall | None:
@@ -411,7 +413,7 @@ class StorageController:
             if done < op.hit_pages:
                 self.host_mem_release_queue.append(op.host_pages[done : op.hit_pages])
         if self.prefetch_buffer:
-            self._kick()
+            self._kick("read")
 
     # -- the backup stage (SGLang's backup thread) ----------------------------------------------
     def write_begin(self) -> StageCall | None:
@@ -440,7 +442,7 @@ class StorageController:
             self.backup_queue.popleft()
             self.ack_backup_queue.append(op)
         if self.backup_queue:
-            self._kick()
+            self._kick("write")
 
     # -- stepping helpers (tests, immediate mode) -----------------------------------------------
     def run_query(self) -> bool:
@@ -473,11 +475,11 @@ class StorageController:
     def busy(self) -> bool:
         return bool(self.prefetch_queue or self.prefetch_buffer or self.backup_queue)
 
-    def _kick(self) -> None:
+    def _kick(self, kind: str) -> None:
         if self.immediate:
             return  # the cache runs ``run_all`` after each issue (see storage_tier)
         for cb in self.on_work:
-            cb()
+            cb(kind)
 
 
 __all__ = [

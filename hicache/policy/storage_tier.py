@@ -482,12 +482,11 @@ class StorageTier:
         st = self.storage
         if st is None:
             return
-        revokes, acks, releases = (
-            st.prefetch_revoke_queue,
-            st.ack_backup_queue,
-            (st.host_mem_release_queue),
-        )
+        revokes, acks = st.prefetch_revoke_queue, st.ack_backup_queue
+        releases = st.host_mem_release_queue
         n_rev, n_ack, n_rel = len(revokes), len(acks), len(releases)
+        if not (n_rev or n_ack or n_rel):
+            return
         for _ in range(n_rev):
             rid, op_id = revokes.popleft()
             entry = self.ongoing_prefetch.get(rid)

@@ -458,5 +458,8 @@ def test_cache_counters_rates_and_collect() -> None:
     assert (c.host_evicted_tokens, c.host_alloc_failures, c.load_back_failures) == (0, 0, 0)
     d = c.as_dict()
     assert list(d)[:2] == ["requests", "prompt_tokens"]
-    assert list(d)[-3:] == ["hit_rate", "device_hit_rate", "host_hit_rate"]
+    assert list(d)[-4:] == ["hit_rate", "device_hit_rate", "host_hit_rate", "storage_hit_rate"]
+    s = CacheCounters(prompt_tokens=100, device_hit_tokens=10, host_hit_tokens=5,
+                      storage_hit_tokens=20)  # fmt: skip
+    assert (s.hit_rate, s.storage_hit_rate) == pytest.approx((0.35, 0.2))
     assert (d["requests"], d["tokens_loaded"], d["hit_rate"]) == (2, 10, pytest.approx(0.5))
