@@ -289,6 +289,11 @@ def _run_on(rt: Any, args: argparse.Namespace) -> int:
             extra.append((f"gpu.name={detected}", f"the detected GPU ({detected})"))
     resolved = resolve_config(args, extra)
     cfg = resolved.cfg
+    if cfg.storage.enabled:
+        raise UserError(
+            f"storage.backend={cfg.storage.backend}: replay copies between GPU and host memory "
+            "only; the L3 tier is simulated by `hicache-sim run` (drop the storage setting)"
+        )
     try:
         trace = read_trace(args.trace)
     except TraceError as e:

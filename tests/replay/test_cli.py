@@ -143,6 +143,11 @@ def test_user_errors_exit_2(
         )
         == 2
     )
+    # an L3 tier: simulated only
+    run_l3 = ["run", str(TRACE), "--device", "cpu", "--out", str(tmp_path / "r3")]
+    capsys.readouterr()
+    assert main([*run_l3, "--set", "storage.backend=file"]) == 2
+    assert "the L3 tier is simulated by `hicache-sim run`" in capsys.readouterr().err
     # a missing trace
     assert (
         main(
