@@ -143,11 +143,6 @@ def test_user_errors_exit_2(
         )
         == 2
     )
-    # an L3 tier: simulated only
-    run_l3 = ["run", str(TRACE), "--device", "cpu", "--out", str(tmp_path / "r3")]
-    capsys.readouterr()
-    assert main([*run_l3, "--set", "storage.backend=file"]) == 2
-    assert "the L3 tier is simulated by `hicache-sim run`" in capsys.readouterr().err
     # a missing trace
     assert (
         main(
@@ -166,6 +161,10 @@ def test_user_errors_exit_2(
     )
     errs = capsys.readouterr().err.strip().splitlines()
     assert len(errs) == 4 and all(e.startswith("hicache-sim replay: ") for e in errs)
+    # an L3 tier: simulated only
+    run_l3 = ["run", str(TRACE), "--device", "cpu", "--out", str(tmp_path / "r3")]
+    assert main([*run_l3, "--set", "storage.backend=file"]) == 2
+    assert "the L3 tier is simulated by `hicache-sim run`" in capsys.readouterr().err
 
 
 def test_bad_threads_and_flush_are_one_line_errors(
