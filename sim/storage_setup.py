@@ -47,6 +47,7 @@ class StorageSetup:
     ranks: int
     write_ranks: int
     instances: int = 1
+    store_gbps: float = 0.0
     rows: list[StorageCallRow] = field(default_factory=list)
     _stores: dict[int, tuple[PageStore, PageHasher, StorageLink]] = field(default_factory=dict)
 
@@ -78,6 +79,7 @@ class StorageSetup:
             ranks=tp,
             write_ranks=1 if model.mla else tp,
             instances=cfg.cluster.instances,
+            store_gbps=st.store_gbps,
         )
 
     @property
@@ -91,8 +93,13 @@ class StorageSetup:
         got = self._stores.get(key)
         if got is None:
             # a shared store: each instance's calls move at most one client's bandwidth, all of
-            # them together at most instances x that (the store scales with its clients' NICs)
-            aggregate = float(self.instances) if self.shared else 1.0
+            # them together at most storage.store_gbps (0: instances x that, the store scaling
+            # with its clients' NICs), counted in units of the read bandwidth
+            aggregate = 1.0
+            if self.shared:
+                aggregate = float(self.instances)
+                if self.store_gbps > 0:
+                    aggregate = max(1.0, self.store_gbps / self.spec.read_gbps)
             got = (
                 PageStore(self.capacity_pages, self.eviction_ratio),
                 PageHasher(),

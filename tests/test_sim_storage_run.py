@@ -109,3 +109,15 @@ def test_state_is_consistent_after_a_run(trace: Any) -> None:
     assert not cache.ongoing_prefetch
     st = cache.storage
     assert st is not None and st.prefetch_tokens_occupied == 0
+
+
+def test_a_store_with_little_total_bandwidth_is_shared_by_its_instances(trace: Any) -> None:
+    """Four instances on a slow shared file store: unlimited total bandwidth (each instance at
+    its own rate) against a store that serves them all at one instance's read rate."""
+    four = ("storage.backend=file", "cluster.instances=4", "router.policy=round_robin",
+            "storage.shared=yes", "storage.read_gbps_override=1",
+            "storage.write_gbps_override=0.5")  # fmt: skip
+    wide = run(trace, *four)
+    narrow = run(trace, *four, "storage.store_gbps=1")
+    assert narrow["storage"]["write_busy_s"] > 1.2 * wide["storage"]["write_busy_s"]
+    assert narrow["storage_hit_rate"] < wide["storage_hit_rate"]

@@ -427,6 +427,10 @@ class StorageConfig:
     # auto: as the backend preset says (3FS and Mooncake stores are shared by every instance,
     # local files are not); yes: one store and link for the cluster; no: one per instance
     shared: str = "auto"
+    # a shared store's total bandwidth for all instances together, GB/s (0 = it grows with
+    # its clients: each instance moves at its own link's rate); below instances x the
+    # instance rate, instances slow each other down
+    store_gbps: float = 0.0
     # replaces the preset's read bandwidth, GB/s per instance link (0 = the preset's)
     read_gbps_override: float = 0.0
     # replaces the preset's write bandwidth, GB/s (0 = the preset's)
@@ -443,6 +447,7 @@ class StorageConfig:
         _at_least("storage.capacity_gb", self.capacity_gb, 0)
         _between("storage.eviction_ratio", self.eviction_ratio, 0.01, 1.0)
         _at_least("storage.read_gbps_override", self.read_gbps_override, 0)
+        _at_least("storage.store_gbps", self.store_gbps, 0)
         _at_least("storage.write_gbps_override", self.write_gbps_override, 0)
 
     @property
