@@ -20,30 +20,12 @@ from hicache.policy.storage import PageStore, StageCall, StorageController
 from hicache.storage_backends import StorageBackendSpec
 from sim.storage import SimStorage, StorageCallRow, StorageLink
 from tests.policy.harness import Harness
+from tests.test_storage_backends import spec
 
 P = 4
 PAGE_BYTES = 1000
 QUERY_6 = 0.010 + 6 * 0.001
 READ_6 = 0.020 + 6 * 0.002 + 6 * PAGE_BYTES / 1e6
-
-
-def spec(**kw: Any) -> StorageBackendSpec:
-    base: dict[str, Any] = dict(
-        name="t",
-        read_gbps=1e-3,
-        write_gbps=0.5e-3,
-        query_call_s=0.010,
-        read_call_s=0.020,
-        write_call_s=0.030,
-        query_page_s=0.001,
-        read_page_s=0.002,
-        write_page_s=0.003,
-        zero_copy=True,
-        shared=True,
-        sources=("hand-made",),
-    )
-    base.update(kw)
-    return StorageBackendSpec(**base)
 
 
 class Node:
