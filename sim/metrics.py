@@ -33,7 +33,8 @@ class RequestRow(NamedTuple):
     computed_tokens: int
     retractions: int
     storage_hit_tokens: int = 0  # of the host hit, tokens an L3 prefetch brought to the host
-    # seconds admission reached it but held it back for its L3 prefetch (0: never)
+    # seconds admission held it back while its L3 prefetch's I/O ran (from the first pass that
+    # reached it then, until the I/O ended or timed out; later waiting is queueing)
     prefetch_wait_s: float = 0.0
 
 

@@ -28,6 +28,7 @@ from hicache.config import SchedulerConfig
 from hicache.latency import layer_pipeline_end
 from hicache.lifecycle import KVLifecycle, PagedRequest, ReqKV
 from hicache.policy import HiRadixCache, PageKey
+from hicache.policy.storage import PrefetchOp
 from sim.link import Job
 
 
@@ -102,6 +103,7 @@ class SimReq:
     # admission was held back by prefetches in all, its credit until admission, its L3 hit
     prefetch_held: float = -1.0
     prefetch_wait: float = 0.0
+    prefetch_op: PrefetchOp | None = None
     storage_credit: int = 0
     storage_hit: int = 0
 
@@ -289,14 +291,16 @@ class Scheduler:
             if p.max_running_requests and len(self.running) + len(batch) >= p.max_running_requests:
                 break
             req = self.waiting[i]
+            entry = self.cache.ongoing_prefetch.get(req.rid)
             credit = life.prefetch_done(req.rid, now)
             if credit < 0:  # reached, but held back by its prefetch
                 if req.prefetch_held < 0:
                     req.prefetch_held = now
+                    req.prefetch_op = entry.op if entry is not None else None
                 i += 1
                 continue
             if req.prefetch_held >= 0:
-                req.prefetch_wait += now - req.prefetch_held
+                req.prefetch_wait += self._held_until(req, now) - req.prefetch_held
                 req.prefetch_held = -1.0
             req.storage_credit += credit
             n = len(self.waiting)
@@ -307,14 +311,29 @@ class Scheduler:
             if not ok:
                 break
 
+    def _held_until(self, req: SimReq, now: float) -> float:
+        """When ``req``'s prefetch stopped holding it back: its I/O ended or its timeout
+        passed (what came after, until admission reached it again, is queueing)."""
+        op, req.prefetch_op = req.prefetch_op, None
+        if op is None:
+            return now
+        end = op.done_time if op.done_time >= 0 else now
+        deadline = self.cache.deadline_of(op)
+        if deadline is not None:
+            end = min(end, deadline)
+        return max(req.prefetch_held, min(now, end))
+
     def _wake_at_prefetch_deadline(self) -> None:
         """Idle with requests waiting on their prefetch: wake when the earliest timeout
         expires (stage progress wakes the scheduler through its listener)."""
         cache = self.cache
         if cache.storage is None or not self.waiting:
             return
+        now = self.env.now
         deadlines = [cache.prefetch_deadline(r.rid) for r in self.waiting]
-        due = min((d for d in deadlines if d is not None), default=None)
+        # a deadline already passed changes nothing until admission reaches that request,
+        # which only other events can make happen
+        due = min((d for d in deadlines if d is not None and d >= now), default=None)
         if due is None:
             return
         wake = self._wake
@@ -323,7 +342,7 @@ class Scheduler:
             if not wake.triggered:
                 wake.succeed()
 
-        delay = max(0.0, due - self.env.now) + 1e-9  # the comparison is strict
+        delay = due - now + 1e-9  # the comparison is strict
         self.env.timeout(delay).callbacks.append(ring)
 
     def _add_chunked(self, budget: _PrefillBudget, batch: list[tuple[SimReq, int, int]]) -> None:

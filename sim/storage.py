@@ -384,6 +384,11 @@ class SimStorage:
         stats, op = self.stats, call.op
         if self._is_head(kind, op):
             self._stage_fns[kind][1](call)
+            if isinstance(op, PrefetchOp) and op.done_time < 0:
+                # its I/O is over: revoked by the query, or its reads ended (all, or stopped)
+                q = self.ctrl.prefetch_queue if kind == "query" else self.ctrl.prefetch_buffer
+                if (kind == "query" and op.hit_pages == 0) or (kind == "read" and op not in q):
+                    op.done_time = self.env.now
         else:  # the controller was reset (flush) during the call: it ends, unused
             stats.dropped_calls += 1
         discarded = 0

@@ -121,3 +121,33 @@ def test_a_store_with_little_total_bandwidth_is_shared_by_its_instances(trace: A
     narrow = run(trace, *four, "storage.store_gbps=1")
     assert narrow["storage"]["write_busy_s"] > 1.2 * wide["storage"]["write_busy_s"]
     assert narrow["storage_hit_rate"] < wide["storage_hit_rate"]
+
+
+def test_an_expired_timeout_does_not_spin_the_idle_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request whose prefetch timed out but which admission cannot reach (the head waits
+    for memory) must not make the idle loop wake every nanosecond until something else
+    happens: scheduler passes stay proportional to the requests (events, not seconds)."""
+    from sim import engine as engine_mod
+    from traces.bundled import synthetic_path
+
+    limit, passes = 200 * 60, 0
+
+    def count() -> None:
+        nonlocal passes
+        passes += 1
+        if passes > limit:  # fail at once instead of spinning for many minutes
+            raise AssertionError(f"more than {limit} scheduler passes for 60 requests")
+
+    real = engine_mod.Engine.__init__
+
+    def init(self: Engine, *a: Any, **kw: Any) -> None:
+        real(self, *a, **kw)
+        for inst in self.instances:
+            inst.sched.sample = count  # type: ignore[method-assign]
+
+    monkeypatch.setattr(engine_mod.Engine, "__init__", init)
+    trace = read_trace(synthetic_path("shared-prefix"))
+    cfg = load_config(None, ["storage.backend=mooncake", "gpu.device_tokens=4096",
+                             "workload.max_requests=60"])  # fmt: skip
+    s = run_simulation(cfg, trace, None, progress=False)
+    assert s["finished_requests"] == 60 and passes > 60

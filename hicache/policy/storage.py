@@ -184,6 +184,7 @@ class PrefetchOp:
     hit_pages: int = -1  # -1 until the query stage has finished
     read_pages: int = 0  # pages handed to read calls so far (including a discarded batch)
     probe: tuple[int, list[int]] | None = None  # (query start, stored keys found from there)
+    done_time: float = -1.0  # when its I/O ended (revoked, or read to the end); timed drivers
 
     def increment(self, tokens: int) -> bool:
         if self.terminated:

@@ -370,9 +370,12 @@ class StorageTier:
         """When the timeout policy would let ``rid``'s prefetch go if nothing else happens
         (seconds, the caller's clock), or None (no prefetch, or no timeout)."""
         entry = self.ongoing_prefetch.get(rid)
-        if entry is None or self.prefetch_policy != "timeout":
+        return None if entry is None else self.deadline_of(entry.op)
+
+    def deadline_of(self, op: PrefetchOp) -> float | None:
+        """:meth:`prefetch_deadline` of an operation (None unless the policy is timeout)."""
+        if self.prefetch_policy != "timeout":
             return None
-        op = entry.op
         hit_tokens = max(op.hit_pages, 0) * self.page_size
         limit = min(
             self.timeout_max, self.timeout_base + self.timeout_per_ki_token * hit_tokens / 1024
