@@ -1,13 +1,15 @@
 """``hicache-sim demo``: the write policies on the bundled Mooncake trace, timed and cache-only,
-ending with an HTML report."""
+and L2 only against L2 + an L3 storage tier, ending with an HTML report."""
 
 from __future__ import annotations
 
 import argparse
+import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from cli.args import jobs_arg
+from cli.args import int_at_least, jobs_arg
 from cli.run import REPO_DATA, _load_trace, _write_csv, format_hitrate_table
 
 
@@ -16,11 +18,19 @@ def register(subparsers: Any) -> None:
     _add_demo(subparsers)
 
 
+#: The L3 storage backend of the demo's L2 + L3 run (a preset of hicache.storage_backends).
+DEMO_L3_BACKEND = "mooncake"
 DEMO_SETUPS = (
     ("write_through", ["cache.write_policy=write_through"]),
     ("write_through_selective", ["cache.write_policy=write_through_selective"]),
     ("write_back", ["cache.write_policy=write_back"]),
     ("no host tier", ["cache.enable_host=false"]),
+    # the same write_through server with SGLang's --hicache-storage-backend (default prefetch
+    # policy, threshold and timeouts): what an L3 store adds to L2 alone
+    (
+        f"write_through + L3 {DEMO_L3_BACKEND}",
+        ["cache.write_policy=write_through", f"storage.backend={DEMO_L3_BACKEND}"],
+    ),
 )
 # one H100 cannot keep up with the trace's full rate (Mooncake served it with a cluster): at a
 # quarter of the rate the queue stays bounded, so policy effects are visible in TTFT
@@ -32,12 +42,13 @@ def _add_demo(sub: Any) -> None:
 
     p = sub.add_parser(
         "demo",
-        help="the demo job: write policies on the bundled Mooncake trace",
-        description="Timed simulation of write_through, write_through_selective, write_back "
-        "and no host tier (defaults: llama-3-8b, h100-sxm, pcie5-x16, page 64, LRU) over the "
-        f"bundled Mooncake conversation trace at {DEMO_RATE_SCALE}x its rate, plus a "
-        "cache-only hit-rate-vs-capacity study; writes run directories, a CSV, a plot and a "
-        "Markdown report.",
+        help="the demo job: write policies and an L3 tier on the bundled Mooncake trace",
+        description="Timed simulation of write_through, write_through_selective, write_back, "
+        f"no host tier, and write_through with an L3 storage tier ({DEMO_L3_BACKEND}) "
+        "(defaults: llama-3-8b, h100-sxm, pcie5-x16, page 64, LRU) over the bundled Mooncake "
+        f"conversation trace at {DEMO_RATE_SCALE}x its rate, plus a cache-only "
+        "hit-rate-vs-capacity study (with an unlimited L3 store as one more series); writes "
+        "run directories, CSVs, a plot, a Markdown and an HTML report.",
     )
     p.add_argument(
         "--out",
@@ -58,7 +69,25 @@ def _add_demo(sub: Any) -> None:
         default=0,
         help="worker processes for the timed runs and the hit-rate grid (default 0: all cores)",
     )
+    p.add_argument(
+        "--max-requests",
+        type=int_at_least(1),
+        help="replay only the trace's first N requests (default: all; a quicker look)",
+    )
     p.set_defaults(func=_cmd_demo)
+
+
+def _run_dir_name(setup: str) -> str:
+    """A setup's run directory: ``write_through + L3 mooncake`` -> ``write_through_L3_mooncake``."""
+    return re.sub(r"[^A-Za-z0-9.-]+", "_", setup).strip("_")
+
+
+def _overrides(max_requests: int | None) -> list[str]:
+    """The settings every timed demo run shares."""
+    out = [f"workload.rate_scale={DEMO_RATE_SCALE}"]
+    if max_requests:
+        out.append(f"workload.max_requests={max_requests}")
+    return out
 
 
 def _demo_run(job: tuple[str, list[str], str, str]) -> dict[str, Any]:
@@ -66,40 +95,69 @@ def _demo_run(job: tuple[str, list[str], str, str]) -> dict[str, Any]:
     from sim.engine import run_simulation
 
     name, overrides, trace_path, out = job
-    cfg = load_config(None, [*overrides, f"workload.rate_scale={DEMO_RATE_SCALE}"])
+    cfg = load_config(None, overrides)
     summary = run_simulation(cfg, _load_trace(Path(trace_path)), Path(out), progress=False)
     return {"setup": name, **summary}
 
 
 def format_comparison(rows: list[dict[str, Any]]) -> str:
+    """The timed runs side by side: hit rates (device / host / L3 storage), TTFT, TPOT and
+    PCIe traffic; then a line per run with an L3 tier (its store traffic and prefetches) and
+    the SGLang 0.5.14 defects a run would hit."""
+    from cli.run import _defects_line, _l3_line
+
     head = (
-        f"{'setup':>24} {'hit':>7} {'device':>7} {'host':>7} {'TTFT mean':>10} {'p50':>8} "
-        f"{'p90':>8} {'p99':>8} {'TPOT':>7} {'D2H GB':>9} {'H2D GB':>8}"
+        f"{'setup':>28} {'hit':>7} {'device':>7} {'host':>7} {'L3':>7} {'TTFT mean':>10} "
+        f"{'p50':>8} {'p90':>8} {'p99':>8} {'TPOT':>7} {'D2H GB':>9} {'H2D GB':>8}"
     )
     lines = [head]
+    notes = []
     for r in rows:
+        l3 = f"{r['storage_hit_rate']:>7.2%}" if r.get("storage") else f"{'-':>7}"
         lines.append(
-            f"{r['setup']:>24} {r['hit_rate']:>7.2%} {r['device_hit_rate']:>7.2%} "
-            f"{r['host_hit_rate']:>7.2%} {r['ttft_mean_s']:>9.2f}s {r['ttft_p50_s']:>7.2f}s "
+            f"{r['setup']:>28} {r['hit_rate']:>7.2%} {r['device_hit_rate']:>7.2%} "
+            f"{r['host_hit_rate']:>7.2%} {l3} {r['ttft_mean_s']:>9.2f}s {r['ttft_p50_s']:>7.2f}s "
             f"{r['ttft_p90_s']:>7.2f}s {r['ttft_p99_s']:>7.2f}s {r['tpot_mean_s'] * 1e3:>5.1f}ms "
             f"{r['bytes_d2h'] / 1e9:>9.0f} {r['bytes_h2d'] / 1e9:>8.0f}"
         )
-    return "\n".join(lines)
+        if r.get("storage"):
+            line = _l3_line(r["storage"]).removeprefix(f"L3 {r['storage'].get('backend')}: ")
+            notes.append(f"{r['setup']}: L3 {line}")
+        defects = _defects_line(r)
+        if defects:
+            notes.append(f"{r['setup']}: {defects}")
+    return "\n".join(lines + notes)
+
+
+def _csv_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The timed runs' summaries as CSV rows with one set of columns: the L3 block and the
+    defect counters flattened (:func:`studies.sweep.results.flatten_summary`), a column a
+    run lacks (the L3 ones without an L3 tier) left empty."""
+    from studies.sweep.results import flatten_summary
+
+    flat = [flatten_summary(r) for r in rows]
+    keys = list(dict.fromkeys(k for r in flat for k in r))
+    return [{k: r.get(k, "") for k in keys} for r in flat]
 
 
 def _demo_timed(args: argparse.Namespace, trace: Any) -> tuple[list[Path], str]:
-    """The four timed runs (on the local executor); their run directories and comparison."""
+    """The timed runs (on the local executor); their run directories and comparison."""
     from studies.sweep.executors import local_workers, map_local
 
+    shared = _overrides(args.max_requests)
     jobs = [
-        (name, ov, str(args.trace), str(args.out / "runs" / name.replace(" ", "_")))
+        (name, [*ov, *shared], str(args.trace), str(args.out / "runs" / _run_dir_name(name)))
         for name, ov in DEMO_SETUPS
     ]
+    # the L3 run takes longest: start it first, so that it does not run alone at the end
+    order = sorted(range(len(jobs)), key=lambda i: "storage.backend" not in " ".join(jobs[i][1]))
     workers = local_workers(len(jobs), args.jobs)
-    print(f"timed runs: {len(jobs)} setups over {len(trace):,} requests ({workers} processes)")
-    timed = map_local(_demo_run, jobs, args.jobs)
+    n = min(len(trace), args.max_requests or len(trace))
+    print(f"timed runs: {len(jobs)} setups over {n:,} requests ({workers} processes)")
+    ran = map_local(_demo_run, [jobs[i] for i in order], args.jobs)
+    timed = [ran[order.index(i)] for i in range(len(jobs))]
     comparison = format_comparison(timed)
-    _write_csv(timed, args.out / "comparison.csv")
+    _write_csv(_csv_rows(timed), args.out / "comparison.csv")
     print(comparison)
     return [Path(j[3]) for j in jobs], comparison
 
@@ -119,11 +177,16 @@ def _demo_hitrate(args: argparse.Namespace, trace: Any) -> tuple[list[dict[str, 
         for wp in ("write_through", "write_through_selective", "write_back"):
             configs.append(HitRateConfig(dev, host, page, "lru", wp))
         configs.append(HitRateConfig(dev, 0, page, "lru", "write_through"))
+        # an unlimited L3 store behind write_through (hitrate --storage-tokens unlimited):
+        # storage I/O is instant here, so this is what L3 can add at best
+        configs.append(HitRateConfig(dev, host, page, "lru", "write_through", storage=True))
     rows = run_hitrate_grid(trace, configs, jobs=args.jobs)
     inf = infinite_capacity_hit_rate(trace, page)
     for r in rows:
         r["infinite_capacity_hit_rate"] = inf
         r["policy"] = r["write_policy"] if r["host_tokens"] else "no host tier"
+        if r["storage"]:
+            r["policy"] += " + L3 (unlimited)"
     _write_csv(rows, args.out / "hitrate.csv")
     plot_hitrate(rows, args.out / "hitrate.png", title=f"{args.trace.name} (page {page}, LRU)",
                  series="policy")  # fmt: skip
@@ -132,14 +195,20 @@ def _demo_hitrate(args: argparse.Namespace, trace: Any) -> tuple[list[dict[str, 
 
 def _demo_markdown(comparison: str, table: str) -> str:
     return (
-        "# hicache-sim demo: write policies on the Mooncake conversation trace\n\n"
+        "# hicache-sim demo: write policies and an L3 tier on the Mooncake conversation trace\n\n"
         "## Timed simulation\n\n"
         f"llama-3-8b on one h100-sxm over pcie5-x16, page 64, LRU, host pool 2 x device "
         f"(SGLang defaults); the trace at {DEMO_RATE_SCALE} x its recorded rate. Latencies come "
-        "from the shipped, unmeasured default profile. Run directories are under `runs/`.\n\n"
+        "from the shipped, unmeasured default profile. The last run adds an L3 storage tier "
+        f"(`storage.backend={DEMO_L3_BACKEND}`, SGLang's `--hicache-storage-backend "
+        f"{DEMO_L3_BACKEND}` with its default prefetch policy `timeout`, threshold 256 "
+        "tokens); the backend's figures are published ones, not measured by us. Hit rates "
+        "split into device / host / L3 storage. Run directories are under `runs/`.\n\n"
         f"```\n{comparison}\n```\n\n"
         "## Hit rate vs device capacity (cache-only replay)\n\n"
-        "Each request matched, loaded back and inserted one at a time (no timing).\n\n"
+        "Each request matched, loaded back and inserted one at a time (no timing). The "
+        "`+ L3 (unlimited)` rows put an unbounded L3 store behind write_through, its I/O "
+        "taken as instant: what L3 can add at best.\n\n"
         f"![hit rate vs capacity](hitrate.png)\n\n```\n{table}\n```\n"
     )
 
@@ -151,6 +220,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
     args.out.mkdir(parents=True, exist_ok=True)
     trace = _load_trace(args.trace)
+    if args.max_requests:
+        trace = replace(trace, requests=trace.requests[: args.max_requests])
     run_dirs, comparison = _demo_timed(args, trace)
     print(f"\ncache-only replay: hit rate vs device capacity (page {DEMO_PAGE}, LRU)")
     rows, table = _demo_hitrate(args, trace)

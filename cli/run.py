@@ -448,22 +448,58 @@ def format_summary(s: dict[str, Any]) -> str:
         for name, key in (("mean", "ttft_mean_s"), ("p50", "ttft_p50_s"), ("p90", "ttft_p90_s"),
                           ("p99", "ttft_p99_s"))
     )  # fmt: skip
+    storage = s.get("storage")
+    l3 = f", L3 storage {s.get('storage_hit_rate', 0.0):.2%}" if storage else ""
     lines = [
         f"requests {s['requests']:,} ({s['rejected_requests']} rejected)  "
         f"simulated {s['sim_duration_s']:.1f} s in {s['wall_time_s']:.1f} s",
         f"hit rate {s['hit_rate']:.2%} (device {s['device_hit_rate']:.2%}, host "
-        f"{s['host_hit_rate']:.2%})",
+        f"{s['host_hit_rate']:.2%}{l3})",
         f"TTFT {ttft}",
         f"TPOT mean {_duration(s['tpot_mean_s'])}  E2E mean {_duration(s['e2e_mean_s'])}  "
         f"output {s['throughput_output_tok_s']:.0f} tok/s",
         f"PCIe D2H {s['bytes_d2h'] / 1e9:.1f} GB  H2D {s['bytes_h2d'] / 1e9:.1f} GB  "
         f"retractions {s['retractions']}",
     ]
+    if storage:
+        lines.append(_l3_line(storage))
+    defects = _defects_line(s)
+    if defects:
+        lines.append(defects)
     if "per_instance" in s:
         lines.append(_fleet_line(s))
     if s.get("overloaded"):
         lines.append(f"WARNING: {s['overload_message']}")
     return "\n".join(lines)
+
+
+def _l3_line(st: dict[str, Any]) -> str:
+    """One line of a run's L3 traffic and prefetches (its summary's ``storage`` block)."""
+    wait = st.get("prefetch_wait_mean_s", 0.0)
+    p90 = st.get("prefetch_wait_p90_s", 0.0)
+    return (
+        f"L3 {st.get('backend', '?')}: read {st.get('bytes_read', 0) / 1e9:,.1f} GB  written "
+        f"{st.get('bytes_written', 0) / 1e9:,.1f} GB  prefetches {st.get('prefetches_issued', 0):,}"
+        f" ({st.get('prefetches_terminated', 0):,} terminated, "
+        f"{st.get('prefetches_revoked', 0):,} revoked)  wait mean {_duration(wait)} p90 "
+        f"{_duration(p90)}  {st.get('requests_with_l3_hit', 0):,} requests hit L3"
+    )
+
+
+def _defects_line(s: dict[str, Any]) -> str:
+    """``"SGLang 0.5.14 defects this run would hit: D5 x51 (614,400 tokens); ..."`` for the
+    nonzero counters of the summary's ``sglang_defects``; "" when none (or no counters)."""
+    hit = [(code, d) for code, d in (s.get("sglang_defects") or {}).items() if d.get("count", 0)]
+    if not hit:
+        return ""
+    parts = [
+        f"{code} x{d['count']:,}" + (f" ({d['tokens']:,} tokens)" if d.get("tokens") else "")
+        for code, d in hit
+    ]
+    return (
+        f"SGLang 0.5.14 defects this run would hit (what the simulator does instead: "
+        f"sglang_defects in summary.json): {'; '.join(parts)}"
+    )
 
 
 def _fleet_line(s: dict[str, Any]) -> str:

@@ -19,7 +19,7 @@ import pytest
 
 from cli.sweep import main
 from hicache.config import ConfigError
-from studies.sweep import expand, load_grid, parse_grid, run_sweep
+from studies.sweep import expand, flatten_summary, load_grid, parse_grid, run_sweep
 
 REPO = Path(__file__).resolve().parent.parent
 QUICK = REPO / "examples" / "quick.toml"
@@ -57,7 +57,8 @@ def test_quick_grid_runs_24_jobs_with_two_workers(quick_sweep: tuple[Path, pd.Da
     assert len(df) == 24
     assert (df["status"] == "ok").all(), df[["job", "error"]]
     assert df["job"].is_unique and all(NAME.match(j) for j in df["job"])
-    summary_keys = json.loads((out / df["run_dir"][0] / "summary.json").read_text()).keys()
+    first = json.loads((out / df["run_dir"][0] / "summary.json").read_text())
+    summary_keys = flatten_summary(first).keys()
     assert list(df.columns[:3]) == ["job", "status", "error"]
     assert list(df.columns[3:7]) == axes
     assert set(summary_keys) <= set(df.columns)
@@ -72,7 +73,7 @@ def test_quick_grid_runs_24_jobs_with_two_workers(quick_sweep: tuple[Path, pd.Da
         assert conf["config"]["cache"]["hicache_ratio"] == row["cache.hicache_ratio"]
         assert conf["config"]["gpu"]["device_tokens"] == row["gpu.device_tokens"]
         assert conf["host_tokens"] == row["host_tokens"]
-        summary = json.loads((run / "summary.json").read_text())
+        summary = flatten_summary(json.loads((run / "summary.json").read_text()))
         assert all(row[k] == pytest.approx(v, nan_ok=True) for k, v in summary.items())
     # every cross-product combination exactly once
     assert len(df.drop_duplicates(subset=axes)) == 24

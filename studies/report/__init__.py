@@ -6,15 +6,23 @@ directories, :mod:`studies.sweep`) and writes:
 
 - figures, inline as SVG, each with the numbers it shows beside it and, for tools and tests,
   the exact plotted data as JSON (``<script type="application/json" class="figure-data"
-  data-figure="ID">``): hit rate vs capacity (device and host parts stacked), TTFT CDF, TTFT
-  p50/p90/p99 vs capacity (or request rate), the TTFT breakdown (queueing / load stall /
-  prefill compute / other), HBM and host occupancy over time, PCIe busy fraction and
-  throughput per direction over time, and tokens written to vs loaded back from the host;
-  optionally (``hitrate_rows``) a cache-only hit-rate study: hit rate vs device capacity per
-  policy under the infinite-capacity ceiling;
-- a comparison table with the best value of each metric highlighted;
+  data-figure="ID">``): hit rate vs capacity (device, host and, with an L3 tier, storage
+  parts stacked), TTFT CDF, TTFT p50/p90/p99 vs capacity (or request rate), the TTFT
+  breakdown (prefetch wait / queueing / load stall / prefill compute / other), HBM and host
+  occupancy over time, PCIe busy fraction and throughput per direction over time, tokens
+  written to vs loaded back from the host, and, only when some run has an L3 tier, the L3
+  storage traffic (bytes read and written, prefetch waits, how prefetches ended, discarded
+  pages); optionally (``hitrate_rows``) a cache-only hit-rate study: hit rate vs device
+  capacity per policy under the infinite-capacity ceiling;
+- the SGLang 0.5.14 defects the runs would hit (``sglang_defects`` of summary.json: the
+  nonzero counters, or a line saying none were hit; its rows as JSON under
+  ``data-figure="sglang-defects"``);
+- a comparison table with the best value of each metric highlighted (L3 columns only when
+  some run has an L3 tier);
 - the configurations: what all runs share, what differs, each run's ``config.json`` and each
   sweep's grid file and failed jobs.
+
+Runs written before the L3 tier (no storage columns or keys) load as runs without one.
 
 Runs are grouped automatically: the config keys whose values differ between runs label them.
 Keys that size the pools (device tokens, host ratio/size) form the capacity axis; the others
@@ -27,7 +35,8 @@ Matplotlib is used through the object-oriented API on the Agg canvas only.
 
 The package, by job: :mod:`~studies.report.load` (runs, sweeps, labels),
 :mod:`~studies.report.derive` (metrics and the comparison table),
-:mod:`~studies.report.figures`, :mod:`~studies.report.figures_traffic` and
+:mod:`~studies.report.figures`, :mod:`~studies.report.figures_traffic`,
+:mod:`~studies.report.figures_storage` (L3 traffic, the defect rows) and
 :mod:`~studies.report.figures_hitrate` (the figures, on :mod:`~studies.report.canvas`),
 :mod:`~studies.report.html` (the document),
 :mod:`~studies.report.pdf`, and :mod:`~studies.report.png` (the stand-alone hit-rate plot).
@@ -49,6 +58,7 @@ from studies.report.derive import (
     PCIE_BINS,
     TIME_POINTS,
     best_cells,
+    comparison_columns,
     comparison_table,
     occupancy,
     pcie,
@@ -58,6 +68,7 @@ from studies.report.derive import (
 )
 from studies.report.figures import FIGURES, MAX_CDF_PANELS, report_figures
 from studies.report.figures_hitrate import fig_hitrate_study, study_labels
+from studies.report.figures_storage import defect_rows, fig_storage, storage_traffic
 from studies.report.html import render_html
 from studies.report.load import (
     CAPACITY_KEYS,
@@ -136,9 +147,12 @@ __all__ = [
     "Sweep",
     "best_cells",
     "build_report",
+    "comparison_columns",
     "comparison_table",
+    "defect_rows",
     "describe_runs",
     "fig_hitrate_study",
+    "fig_storage",
     "hitrate_study",
     "load_runs",
     "occupancy",
@@ -146,6 +160,7 @@ __all__ = [
     "plot_hitrate",
     "render_html",
     "report_figures",
+    "storage_traffic",
     "study_labels",
     "timeline_runs",
     "ttft_breakdown",

@@ -233,13 +233,16 @@ def write_traffic(run: Run) -> dict[str, Any]:
     }
 
 
-#: Comparison columns: (title, summary/derived key, formatter, best is "max" | "min" | None).
-COMPARISON: tuple[tuple[str, str, Callable[[Any], str], str | None], ...] = (
+#: One comparison column: (title, summary/derived key, formatter, best is "max" | "min" | None).
+Column = tuple[str, str, Callable[[Any], str], str | None]
+#: Comparison columns.
+COMPARISON: tuple[Column, ...] = (
     ("HBM pool [tokens]", "device_tokens", integer, None),
     ("host pool [tokens]", "host_tokens", integer, None),
     ("hit rate", "hit_rate", pct, "max"),
     ("device hits", "device_hit_rate", pct, "max"),
     ("host hits", "host_hit_rate", pct, "max"),
+    ("L3 hits", "storage_hit_rate", pct, "max"),
     ("TTFT mean [ms]", "ttft_mean_s", ms, "min"),
     ("TTFT p50 [ms]", "ttft_p50_s", ms, "min"),
     ("TTFT p90 [ms]", "ttft_p90_s", ms, "min"),
@@ -251,37 +254,60 @@ COMPARISON: tuple[tuple[str, str, Callable[[Any], str], str | None], ...] = (
     ("D2H [GB]", "gb_d2h", num, None),
     ("H2D [GB]", "gb_h2d", num, None),
     ("written / loaded", "write_amplification", num, "min"),
+    ("prefetch wait mean [ms]", "prefetch_wait_mean_s", ms, None),
+    ("L3 read [GB]", "gb_l3_read", num, None),
+    ("L3 written [GB]", "gb_l3_written", num, None),
     ("retractions", "retractions", integer, "min"),
     ("rejected", "rejected_requests", integer, "min"),
 )
 
 
+#: Comparison columns shown only when some run has an L3 tier (empty for the others).
+L3_COLUMNS = ("storage_hit_rate", "prefetch_wait_mean_s", "gb_l3_read", "gb_l3_written")
+
+
+def comparison_columns(data: ReportData) -> tuple[Column, ...]:
+    """The :data:`COMPARISON` columns that apply to ``data``: the L3 ones
+    (:data:`L3_COLUMNS`) only when some run has an L3 tier."""
+    if data.any_l3:
+        return COMPARISON
+    return tuple(c for c in COMPARISON if c[1] not in L3_COLUMNS)
+
+
 def comparison_table(data: ReportData) -> pd.DataFrame:
-    """One row per run (index: its label), the raw numbers of :data:`COMPARISON`."""
+    """One row per run (index: its label), the raw numbers of :func:`comparison_columns`
+    (the L3 columns are None for a run without an L3 tier)."""
     import pandas as pd
 
+    columns = comparison_columns(data)
     rows = []
     for r in data.runs:
         s = r.summary
         row: dict[str, Any] = {"device_tokens": r.device_tokens, "host_tokens": r.host_tokens}
-        row.update({k: s.get(k) for _, k, _, _ in COMPARISON if k in s})
+        row.update({k: s.get(k) for _, k, _, _ in columns if k in s})
         row["gb_d2h"] = s["bytes_d2h"] / 1e9
         row["gb_h2d"] = s["bytes_h2d"] / 1e9
         row["write_amplification"] = write_traffic(r)["write_amplification"]
+        st = r.storage
+        if st is None:
+            row["storage_hit_rate"] = row["prefetch_wait_mean_s"] = None
+        else:
+            row["gb_l3_read"] = st.get("bytes_read", 0) / 1e9
+            row["gb_l3_written"] = st.get("bytes_written", 0) / 1e9
         rows.append(row)
     return pd.DataFrame(
-        rows, index=[r.label for r in data.runs], columns=[k for _, k, _, _ in COMPARISON]
+        rows, index=[r.label for r in data.runs], columns=[k for _, k, _, _ in columns]
     )
 
 
 def best_cells(table: pd.DataFrame) -> dict[str, set[str]]:
     """For each metric with a direction, the run labels holding its best value (ties all
-    count); nothing when there is only one run."""
+    count; runs without a value left out); nothing when there is only one run."""
     out: dict[str, set[str]] = {}
     if len(table) < 2:
         return out
     for _, key, _, how in COMPARISON:
-        if how is None:
+        if how is None or key not in table:
             continue
         col = table[key].astype(float)
         col = col[col.notna()]

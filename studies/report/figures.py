@@ -1,5 +1,6 @@
 """The report's figures of hit rate and TTFT (the pool and traffic figures are in
-:mod:`studies.report.figures_traffic`), and :func:`report_figures`, all of them in order.
+:mod:`studies.report.figures_traffic`, the L3 storage traffic in
+:mod:`studies.report.figures_storage`), and :func:`report_figures`, all of them in order.
 
 Each ``fig_*`` function takes the :class:`~studies.report.load.ReportData` and returns a
 :class:`~studies.report.canvas.ReportFigure`: the figure, the exact data it plots and the
@@ -30,6 +31,7 @@ from studies.report.derive import (
     ttft_breakdown,
     ttft_quantiles,
 )
+from studies.report.figures_storage import fig_storage
 from studies.report.figures_traffic import fig_occupancy, fig_pcie, fig_writes
 from studies.report.fmt import capacity_text, ms, pct, sig, tokens
 from studies.report.load import ReportData
@@ -39,6 +41,9 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
+#: How the storage (L3) part of a hit-rate bar is drawn: cross-hatched on a lighter tint.
+_L3_HATCH = "xxx"
+_L3_TINT = 0.8
 #: Panels of the TTFT CDF figure (one per capacity or rate).
 MAX_CDF_PANELS = 6
 _PART_COLORS = {
@@ -54,7 +59,8 @@ _PART_COLORS = {
 
 
 def _hitrate_rows(data: ReportData, groups: Sequence[tuple[int, int]]) -> list[dict[str, Any]]:
-    """One row per run, grouped by capacity (``groups`` order), with its hit rates."""
+    """One row per run, grouped by capacity (``groups`` order), with its hit rates
+    (``storage_hit_rate`` 0 and ``l3`` false for a run without an L3 tier)."""
     rows: list[dict[str, Any]] = []
     for cap in groups:
         for run in data.runs:
@@ -69,7 +75,10 @@ def _hitrate_rows(data: ReportData, groups: Sequence[tuple[int, int]]) -> list[d
                         "host_tokens": cap[1],
                         "device_hit_rate": s["device_hit_rate"],
                         "host_hit_rate": s["host_hit_rate"],
+                        # runs without an L3 tier (and runs written before it) have none
+                        "storage_hit_rate": run.rate("storage_hit_rate"),
                         "hit_rate": s["hit_rate"],
+                        "l3": run.has_l3,
                     }
                 )
     return rows
@@ -78,7 +87,8 @@ def _hitrate_rows(data: ReportData, groups: Sequence[tuple[int, int]]) -> list[d
 def _hitrate_bars(
     ax: Axes, data: ReportData, groups: Sequence[tuple[int, int]], rows: list[dict[str, Any]]
 ) -> None:
-    """Per capacity group, a bar per run: device part solid, host part hatched on top."""
+    """Per capacity group, a bar per run: device part solid, host part hatched on top, and
+    the storage (L3) part cross-hatched on a lighter tint above it (runs with an L3 tier)."""
     colors = series_colors(data)
     per_group = max(
         sum(1 for r in rows if (r["device_tokens"], r["host_tokens"]) == g) for g in groups
@@ -101,11 +111,23 @@ def _hitrate_bars(
                 edgecolor=c,
                 linewidth=0.8,
             )
+            if r["l3"]:
+                ax.bar(
+                    x,
+                    r["storage_hit_rate"],
+                    width * 0.9,
+                    bottom=r["device_hit_rate"] + r["host_hit_rate"],
+                    facecolor=tint(c, _L3_TINT),
+                    hatch=_L3_HATCH,
+                    edgecolor=c,
+                    linewidth=0.8,
+                )
 
 
 def fig_hitrate(data: ReportData) -> ReportFigure:
     """Hit rate vs KV capacity: one bar per run, grouped by capacity, coloured by series;
-    the device (HBM) part solid, the host (DRAM) part hatched on top."""
+    the device (HBM) part solid, the host (DRAM) part hatched on top, and, when some run has
+    an L3 tier, its storage part cross-hatched above that."""
     from matplotlib.patches import Patch
     from matplotlib.ticker import PercentFormatter
 
@@ -128,6 +150,16 @@ def fig_hitrate(data: ReportData) -> ReportFigure:
             facecolor=tint("#555555"), hatch="///", edgecolor="#555555", label="host (DRAM) hits"
         ),
     ]
+    l3 = data.any_l3
+    if l3:
+        parts.append(
+            Patch(
+                facecolor=tint("#555555", _L3_TINT),
+                hatch=_L3_HATCH,
+                edgecolor="#555555",
+                label="storage (L3) hits",
+            )
+        )
     series_legend(fig, data, parts)
     numbers = frame(
         [
@@ -136,20 +168,28 @@ def fig_hitrate(data: ReportData) -> ReportFigure:
                 "capacity": capacity_text((r["device_tokens"], r["host_tokens"])),
                 "device": pct(r["device_hit_rate"]),
                 "host": pct(r["host_hit_rate"]),
+                "L3": pct(r["storage_hit_rate"]) if r["l3"] else "–",
                 "total": pct(r["hit_rate"]),
             }
             for r in rows
         ],
-        ["run", "capacity", "device", "host", "total"],
+        ["run", "capacity", "device", "host", *(["L3"] if l3 else []), "total"],
+    )
+    storage = (
+        ", and the storage (L3) part, pages prefetched from the L3 store into the host pool "
+        "before admission, cross-hatched above that (runs with an L3 tier; the store is not "
+        "part of the capacity)"
+        if l3
+        else ""
     )
     return ReportFigure(
         "fig-hitrate",
         "Hit rate vs capacity",
         "Share of prompt tokens served from the cache instead of recomputed, per run: the "
-        "device (HBM) part solid, the host (DRAM) part hatched on top. Bars are grouped by the "
-        "KV capacity of the run (device pool + host pool, in tokens).",
+        f"device (HBM) part solid, the host (DRAM) part hatched on top{storage}. Bars are "
+        "grouped by the KV capacity of the run (device pool + host pool, in tokens).",
         fig,
-        {"rows": rows},
+        {"rows": rows, "tiers": ["device", "host", "storage"] if l3 else ["device", "host"]},
         numbers,
     )
 
@@ -380,9 +420,9 @@ def fig_ttft_breakdown(data: ReportData) -> ReportFigure:
         "fig-ttft-breakdown",
         "TTFT breakdown",
         "Mean time to first token per request, split into L3 prefetch wait (arrival until the "
-        "request's storage prefetch ended; 0 without an L3 tier), queueing (the rest of arrival "
-        "to admission), load stall (waiting for host-to-device loads), prefill compute, and other (waits "
-        "between prefill chunks and for batch slots).",
+        "request's storage prefetch ended; 0 without an L3 tier), queueing (the rest of "
+        "arrival to admission), load stall (waiting for host-to-device loads), prefill "
+        "compute, and other (waits between prefill chunks and for batch slots).",
         fig,
         {"parts": list(BREAKDOWN_PARTS), "rows": rows},
         numbers,
@@ -391,8 +431,9 @@ def fig_ttft_breakdown(data: ReportData) -> ReportFigure:
 
 # --- all of them -----------------------------------------------------------------------------
 
-#: The figures of a report, in order.
-FIGURES: tuple[Callable[[ReportData], ReportFigure], ...] = (
+#: The figures of a report, in order; one that returns None does not apply to the runs (the
+#: L3 storage traffic without an L3 tier) and is left out.
+FIGURES: tuple[Callable[[ReportData], ReportFigure | None], ...] = (
     fig_hitrate,
     fig_ttft_cdf,
     fig_ttft_percentiles,
@@ -400,12 +441,13 @@ FIGURES: tuple[Callable[[ReportData], ReportFigure], ...] = (
     fig_occupancy,
     fig_pcie,
     fig_writes,
+    fig_storage,
 )
 
 
 def report_figures(data: ReportData) -> list[ReportFigure]:
-    """Every figure of the report for ``data`` (see :data:`FIGURES`)."""
+    """Every figure of the report for ``data`` that applies to it (see :data:`FIGURES`)."""
     import matplotlib
 
     with matplotlib.rc_context(RC):
-        return [make(data) for make in FIGURES]
+        return [f for f in (make(data) for make in FIGURES) if f is not None]

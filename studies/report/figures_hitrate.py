@@ -31,6 +31,9 @@ STUDY_FIELDS = (
     "hit_rate",
     "device_hit_rate",
     "host_hit_rate",
+    "storage",
+    "storage_tokens",
+    "storage_hit_rate",
     "tokens_written",
     "tokens_loaded",
     "requests",
@@ -40,17 +43,21 @@ STUDY_FIELDS = (
 def study_labels(rows: Sequence[dict[str, Any]], series: str | None = None) -> list[str]:
     """A series label per row: the row field ``series`` names when given (the demo's
     ``policy``); else what differs among eviction, write policy, page size and outputs
-    ("no host tier" in place of the write policy without a host pool). Where a series has
+    ("no host tier" in place of the write policy without a host pool), and the L3 store
+    ("no L3", "L3 unlimited", "L3 1.05M") when it differs. Where a series has
     several host pools at one device pool, the host pool is added ("host 16.4K")."""
     if series is not None:
         labels = [str(r[series]) for r in rows]
     else:
         keys = [k for k in ("eviction", "page_size", "outputs")
                 if len({r.get(k) for r in rows}) > 1]  # fmt: skip
+        l3 = len({_l3_text(r) for r in rows if r["host_tokens"]}) > 1
         labels = []
         for r in rows:
             parts = [f"page {r[k]}" if k == "page_size" else str(r.get(k)) for k in keys]
             parts.append(str(r["write_policy"]) if r["host_tokens"] else "no host tier")
+            if l3 and r["host_tokens"]:
+                parts.append(_l3_text(r))
             labels.append(" · ".join(parts))
     hosts: dict[tuple[str, int], set[int]] = {}
     for lab, r in zip(labels, rows, strict=True):
@@ -61,6 +68,18 @@ def study_labels(rows: Sequence[dict[str, Any]], series: str | None = None) -> l
             for lab, r in zip(labels, rows, strict=True)
         ]
     return labels
+
+
+def _l3_text(row: dict[str, Any]) -> str:
+    """A row's L3 store: "no L3", "L3 unlimited" or "L3 1.05M" (tokens)."""
+    if not row.get("storage"):
+        return "no L3"
+    size = int(row.get("storage_tokens") or 0)
+    return f"L3 {tokens(size)}" if size else "L3 unlimited"
+
+
+def _has_l3(rows: Sequence[dict[str, Any]]) -> bool:
+    return any(r.get("storage") for r in rows)
 
 
 def _tokens(x: Any) -> str:
@@ -96,8 +115,10 @@ def draw_hitrate_study(
     series: str | None = None,
     colors: Mapping[str, Any] | None = None,
 ) -> None:
-    """Hit rate (solid, one marker per series) and its device part (dashed, when a host tier
-    served anything) vs the device pool, the infinite-capacity hit rate dotted; the y axis
+    """Hit rate (solid, one marker per series), its device part (dashed, when a host tier
+    served anything) and, for series with an L3 store, its device + host part (dash-dot: the
+    gap to the total is the storage part) vs the device pool, the infinite-capacity hit rate
+    dotted; the y axis
     starts at zero. Series are dodged sideways a little so that equal points stay visible.
     ``colors``: colours of series by label (others get free ones)."""
     from matplotlib.lines import Line2D
@@ -111,7 +132,7 @@ def draw_hitrate_study(
     step = 0.01 * max(math.log10(devs[-1] / devs[0]), 0.5) if log else 0.01 * devs[-1]
     ax = fig.add_subplot(1, 1, 1)
     handles: list[Any] = []
-    dashed = False
+    dashed = dash_dot = False
     for k, s in enumerate(order):
         pts = sorted((r for lab, r in zip(labels, rows, strict=True) if lab == s),
                      key=lambda r: r["device_tokens"])  # fmt: skip
@@ -121,13 +142,28 @@ def draw_hitrate_study(
         style = {"color": c, "marker": m, "ms": 6, "mfc": tint(c, 0.3), "mec": c}
         ax.plot(xs, [r["hit_rate"] for r in pts], lw=1.6, clip_on=False, **style)
         handles.append(Line2D([], [], lw=1.6, label=s, **style))
-        if any(r["host_hit_rate"] for r in pts):
+        if any(r["host_hit_rate"] for r in pts) or any(r.get("storage_hit_rate") for r in pts):
             dashed = True
             ax.plot(xs, [r["device_hit_rate"] for r in pts], color=c, lw=1.1, ls="--")
+        if any(r.get("storage_hit_rate") for r in pts):
+            dash_dot = True
+            below = [r["device_hit_rate"] + r["host_hit_rate"] for r in pts]
+            ax.plot(xs, below, color=c, lw=1.1, ls="-.")
     inf = _ceiling(rows)
     top = max([r["hit_rate"] for r in rows] + ([inf] if inf is not None else []))
     if dashed:
         handles.append(Line2D([], [], color="#444444", lw=1.1, ls="--", label="device (HBM) part"))
+    if dash_dot:
+        handles.append(
+            Line2D(
+                [],
+                [],
+                color="#444444",
+                lw=1.1,
+                ls="-.",
+                label="device + host part",
+            )
+        )
     if inf is not None:
         ax.axhline(inf, color="black", lw=1.2, ls=":")
         ax.annotate(
@@ -176,28 +212,43 @@ def fig_hitrate_study(
     draw_hitrate_study(fig, [r for _, r in ranked], title or "Hit rate vs device capacity",
                        "policy" if all("policy" in r for r in rows) else None, colors)  # fmt: skip
     inf = _ceiling(rows)
+    l3 = _has_l3(rows)
     numbers = frame(
         [
             {
                 "series": lab,
                 "HBM": tokens(r["device_tokens"]),
                 "host": tokens(r["host_tokens"]) if r["host_tokens"] else "–",
+                "L3": _l3_text(r).removeprefix("L3 ") if r.get("storage") else "–",
                 "hit rate": pct(r["hit_rate"]),
                 "device": pct(r["device_hit_rate"]),
                 "host hits": pct(r["host_hit_rate"]),
+                "L3 hits": pct(r.get("storage_hit_rate")) if r.get("storage") else "–",
                 "written": _tokens(r.get("tokens_written")),
                 "loaded": _tokens(r.get("tokens_loaded")),
             }
             for lab, r in ranked
         ],
-        ["series", "HBM", "host", "hit rate", "device", "host hits", "written", "loaded"],
-    ).rename(columns={"HBM": "HBM [tokens]", "host": "host [tokens]"})
+        [
+            "series",
+            "HBM",
+            "host",
+            *(["L3"] if l3 else []),
+            "hit rate",
+            "device",
+            "host hits",
+            *(["L3 hits"] if l3 else []),
+            "written",
+            "loaded",
+        ],
+    ).rename(columns={"HBM": "HBM [tokens]", "host": "host [tokens]", "L3": "L3 [tokens]"})
     data_rows: list[dict[str, Any]] = [
         {**{k: r.get(k) for k in STUDY_FIELDS if k != "series"}, "series": lab} for lab, r in ranked
     ]
     for d in data_rows:
-        for k in ("hit_rate", "device_hit_rate", "host_hit_rate"):
-            d[k] = sig(float(d[k]))
+        for k in ("hit_rate", "device_hit_rate", "host_hit_rate", "storage_hit_rate"):
+            if d.get(k) is not None:
+                d[k] = sig(float(d[k]))
     n = next((r.get("requests") for r in rows if r.get("requests")), None)
     return ReportFigure(
         "fig-hitrate-study",
@@ -205,8 +256,16 @@ def fig_hitrate_study(
         "Share of prompt tokens served from the cache when the trace is replayed through the "
         "policy core one request at a time, without timing"
         + (f" ({n:,} requests)" if n else "")
-        + ": per series the total (solid) and its device (HBM) part (dashed), against the "
-        "device pool; the host pool of each run is in the table. The dotted line is the "
+        + ": per series the total (solid) and its device (HBM) part (dashed)"
+        + (
+            ", for series with an L3 store also the device + host part (dash-dot; above it, "
+            "the storage part: pages a prefetch at arrival brought from the store, its I/O "
+            "taken as instant)"
+            if l3
+            else ""
+        )
+        + ", against the device pool; the host pool of each run is in the table. The dotted "
+        "line is the "
         "infinite-capacity hit rate"
         + (f" ({pct(inf)})" if inf is not None else "")
         + ", what a cache that never evicts serves: the best any policy can do. Points of "

@@ -11,7 +11,8 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from studies.report.canvas import ReportFigure
-from studies.report.derive import COMPARISON, best_cells, comparison_table
+from studies.report.derive import best_cells, comparison_columns, comparison_table
+from studies.report.figures_storage import defect_rows
 from studies.report.fmt import integer
 from studies.report.load import ReportData, config_key_order
 
@@ -41,13 +42,15 @@ def _html_table(df: pd.DataFrame, best: Mapping[str, set[str]] | None = None, cl
 #: Rows of a figure's table shown at once; the rest fold into a ``<details>`` below it.
 NUMBERS_ROWS = 12
 
-#: The comparison's columns in two tables (by :data:`COMPARISON` key), each narrow enough
-#: for a 1,400 px page: the cache and TTFT, then the rest.
+#: The comparison's columns in tables (by :data:`~studies.report.derive.COMPARISON` key),
+#: each narrow enough for a 1,400 px page: the cache and TTFT, then the rest, then (with an
+#: L3 tier) the prefetch wait and the store's traffic. Columns that do not apply are left out.
 COMPARISON_PARTS = (
     ("device_tokens", "host_tokens", "hit_rate", "device_hit_rate", "host_hit_rate",
-     "ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s"),
+     "storage_hit_rate", "ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s"),
     ("tpot_mean_s", "e2e_mean_s", "queue_mean_s", "throughput_output_tok_s", "gb_d2h",
      "gb_h2d", "write_amplification", "retractions", "rejected_requests"),
+    ("prefetch_wait_mean_s", "gb_l3_read", "gb_l3_written"),
 )  # fmt: skip
 
 
@@ -70,16 +73,65 @@ def _comparison_html(data: ReportData) -> str:
 
     raw = comparison_table(data)
     best = best_cells(raw)
+    columns = comparison_columns(data)
     shown = pd.DataFrame(
-        {title: [fmt(v) for v in raw[key]] for title, key, fmt, _ in COMPARISON},
+        {title: [fmt(v) for v in raw[key]] for title, key, fmt, _ in columns},
         index=pd.Index(raw.index, name="run"),
     )
-    by_title = {title: best[key] for title, key, _, _ in COMPARISON if key in best}
-    titles = {key: title for title, key, _, _ in COMPARISON}
-    return "".join(
-        _html_table(shown[[titles[k] for k in keys]], by_title, "comparison")
-        for keys in COMPARISON_PARTS
-    )
+    by_title = {title: best[key] for title, key, _, _ in columns if key in best}
+    titles = {key: title for title, key, _, _ in columns}
+    parts = [[titles[k] for k in keys if k in titles] for keys in COMPARISON_PARTS]
+    return "".join(_html_table(shown[p], by_title, "comparison") for p in parts if p)
+
+
+DEFECTS_TITLE = "SGLang 0.5.14 defects this trace would hit"
+#: What the defects section says about the simulator itself.
+DEFECTS_INTRO = (
+    "SGLang 0.5.14 has defects (summary.json's sglang_defects lists them) that this simulator does "
+    "not reproduce where they would crash the server, corrupt the KV pools or misreport hits: "
+    "the simulator itself stays consistent, does what each row's 'here:' says "
+    "instead, and counts every time a run reaches such a point. A row is a defect this trace "
+    "would hit on a real SGLang 0.5.14 server with that run's configuration: how often, and "
+    "the tokens involved. D7 (prefetch keys chained from a misaligned anchor) is the "
+    "exception: it only loses hits, so it is reproduced, and counted with the tokens it cost."
+)
+
+
+def _defects_html(data: ReportData) -> str | None:
+    """The defects section's body: the intro, then a table of the nonzero counters, or one
+    line saying none were hit; None when no run records defect counters (old runs)."""
+    import pandas as pd
+
+    rows = defect_rows(data)
+    if rows is None:
+        return None
+    parts = [f"<p>{html.escape(DEFECTS_INTRO)}</p>"]
+    older = sum(1 for r in data.runs if not isinstance(r.summary.get("sglang_defects"), dict))
+    if not rows:
+        parts.append(
+            '<p class="none-hit">None were hit: no run reached any of the SGLang 0.5.14 '
+            "defects the simulator counts (D1-D10 with an L3 tier, L2LB always).</p>"
+        )
+    else:
+        t = pd.DataFrame(
+            {
+                "run": [r["run"] for r in rows],
+                "count": [integer(r["count"]) for r in rows],
+                "tokens": [integer(r["tokens"]) for r in rows],
+                "what SGLang 0.5.14 does; here: what the simulator does instead": [
+                    r["what"] for r in rows
+                ],
+            },
+            index=pd.Index([r["code"] for r in rows], name="code"),
+        )
+        parts.append(f'<div class="wide">{_html_table(t, cls="defects")}</div>')
+    parts.append(_json_script("sglang-defects", {"rows": rows}))
+    if older:
+        parts.append(
+            f"<p>{older} run(s) were written before the simulator counted these defects and "
+            "are not included.</p>"
+        )
+    return "".join(parts)
 
 
 def _config_html(data: ReportData) -> str:
@@ -193,6 +245,8 @@ tbody td:first-child{text-align:left}
 table.comparison{margin-bottom:.8rem}table.comparison tbody th{white-space:nowrap}
 table.differs td:last-child{white-space:normal;overflow-wrap:anywhere;text-align:left;
 min-width:16rem}
+table.defects td:last-child{white-space:normal;text-align:left;min-width:30rem}
+table.defects td:nth-child(2),table.defects thead th{text-align:left}
 details.more{margin-top:.4rem}details.more summary{cursor:pointer;color:#1a5fb4}
 .wide{overflow-x:auto}pre{background:#f7f7f7;padding:.5rem;overflow-x:auto;font-size:.8rem}
 small{color:#666;font-weight:normal}
@@ -230,6 +284,9 @@ def render_html(data: ReportData, figures: Sequence[ReportFigure], title: str) -
     from hicache import __version__
 
     nav = " ".join(f'<a href="#{f.id}">{html.escape(f.title)}</a>' for f in figures)
+    defects = _defects_html(data)
+    if defects is not None:
+        nav += f' <a href="#sglang-defects">{html.escape(DEFECTS_TITLE)}</a>'
     nav += ' <a href="#comparison">Comparison</a> <a href="#configs">Configurations</a>'
     inputs = sorted({r.sweep or r.shown for r in data.runs})
     sections = []
@@ -251,8 +308,17 @@ def render_html(data: ReportData, figures: Sequence[ReportFigure], title: str) -
         f"; report by hicache-sim {__version__}.</p>",
         f"<nav>{nav}</nav></header>",
         *sections,
+        *(
+            [
+                f'<section id="sglang-defects"><h2>{html.escape(DEFECTS_TITLE)}</h2>'
+                f"{defects}</section>"
+            ]
+            if defects is not None
+            else []
+        ),
         '<section id="comparison"><h2>Comparison</h2><p>One row per run, in two tables (cache '
-        "and TTFT, then the rest); the best value of each metric is highlighted (highest hit "
+        "and TTFT, then the rest; with an L3 tier a third: the prefetch wait and the store's "
+        "traffic); the best value of each metric is highlighted (highest hit "
         "rates and throughput, lowest latencies, write amplification, retractions and "
         "rejections).</p>"
         f'<div class="wide">{_comparison_html(data)}</div></section>',

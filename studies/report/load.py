@@ -37,6 +37,9 @@ HOST_ONLY_KEYS = (
     "cache.hicache_size_gb",
     "cache.load_back_threshold",
 )
+#: Keys that mean nothing without an L3 tier (``storage.backend = "none"``): every
+#: ``storage.*`` key but the backend itself.
+STORAGE_ONLY_PREFIX = "storage."
 _SHORT = {
     "gpu.device_tokens": "device",
     "cache.hicache_ratio": "ratio",
@@ -44,6 +47,12 @@ _SHORT = {
     "cache.page_size": "page",
     "workload.rate_scale": "rate",
     "workload.max_requests": "requests",
+    "storage.prefetch_threshold": "threshold",
+    "storage.capacity_gb": "L3 GB",
+    "storage.shared": "L3 shared",
+    "storage.read_gbps_override": "L3 read GB/s",
+    "storage.write_gbps_override": "L3 write GB/s",
+    "storage.store_gbps": "store GB/s",
 }
 
 
@@ -62,8 +71,13 @@ class Run:
 
     @property
     def config(self) -> dict[str, Any]:
-        """The resolved config, flat: ``{"section.key": value}``."""
-        return {f"{s}.{k}": v for s, body in self.conf["config"].items() for k, v in body.items()}
+        """The resolved config, flat: ``{"section.key": value}``. A run written before the L3
+        tier existed has no ``storage`` section: it gets the defaults (no L3), so it compares
+        equal to a new run without one."""
+        flat = {f"{s}.{k}": v for s, body in self.conf["config"].items() for k, v in body.items()}
+        if "storage" not in self.conf["config"]:
+            flat.update(_storage_defaults())
+        return flat
 
     def value(self, key: str) -> Any:
         """A config value, or the trace (its checksum when known) for ``"trace"``."""
@@ -91,6 +105,23 @@ class Run:
     @property
     def capacity(self) -> tuple[int, int]:
         return (self.device_tokens, self.host_tokens)
+
+    @property
+    def storage(self) -> dict[str, Any] | None:
+        """The ``storage`` block of summary.json: present only for a run with an L3 tier
+        (runs written before the L3 tier never have one)."""
+        block = self.summary.get("storage")
+        return block if isinstance(block, dict) else None
+
+    @property
+    def has_l3(self) -> bool:
+        """True for a run with an L3 storage tier (``storage.backend`` not "none")."""
+        return self.storage is not None
+
+    def rate(self, key: str) -> float:
+        """A hit rate of summary.json (``storage_hit_rate`` is 0 for runs without one)."""
+        v = self.summary.get(key)
+        return float(v) if v is not None else 0.0
 
     def table(self, name: str) -> pd.DataFrame:
         """``requests``, ``timeline`` or ``transfers`` as a DataFrame (cached)."""
@@ -146,6 +177,21 @@ class ReportData:
 
     def series_order(self) -> list[str]:
         return list(dict.fromkeys(r.series for r in self.runs))
+
+    @property
+    def any_l3(self) -> bool:
+        """True when some run has an L3 storage tier."""
+        return any(r.has_l3 for r in self.runs)
+
+
+def _storage_defaults() -> dict[str, Any]:
+    """``{"storage.key": default}`` of the ``[storage]`` section (no L3 tier)."""
+    from hicache.config import SECTIONS
+
+    cls = SECTIONS.get("storage")
+    if cls is None:
+        return {}
+    return {f"storage.{f.name}": getattr(cls(), f.name) for f in fields(cls)}
 
 
 def _read_json(path: Path) -> Any:
@@ -251,15 +297,27 @@ def _varying_keys(runs: Sequence[Run], sweeps: Sequence[Sweep]) -> list[str]:
 
 def _label(run: Run, keys: Iterable[str]) -> str:
     """``"write_back · ratio=4"``: the run's values of ``keys`` (strings bare, numbers named;
-    host-only keys dropped for a run without a host tier, which reads "no host tier")."""
+    host-only keys dropped for a run without a host tier, which reads "no host tier"; the
+    storage backend as "L3 mooncake", nothing for a run without an L3 tier (whose other
+    ``storage.*`` keys are dropped too) unless that leaves its label empty: "no L3")."""
     parts = []
     host = bool(run.config.get("cache.enable_host", True))
+    backend = run.config.get("storage.backend") or "none"
     for k in keys:
-        if not host and k in HOST_ONLY_KEYS:
+        if not host and (k in HOST_ONLY_KEYS or k.startswith(STORAGE_ONLY_PREFIX)):
             continue
         if k == "cache.enable_host":
             if not host:
                 parts.append("no host tier")
+            continue
+        if k == "storage.backend":
+            if backend != "none":
+                parts.append(f"L3 {backend}")
+            continue
+        if k.startswith(STORAGE_ONLY_PREFIX) and backend == "none":
+            continue
+        if k == "storage.prefetch_policy":
+            parts.append(f"prefetch {run.config.get(k)}")
             continue
         if k == "trace":
             parts.append(Path(str(run.conf.get("trace", ""))).name.split(".")[0] or "trace")
@@ -267,9 +325,13 @@ def _label(run: Run, keys: Iterable[str]) -> str:
         v = run.config.get(k)
         if k == "run.profile":
             parts.append(Path(str(v)).stem if v else "default profile")
-        elif isinstance(v, str):
+        elif isinstance(v, str) and not k.startswith(STORAGE_ONLY_PREFIX):
             parts.append(v)
+        elif isinstance(v, str):
+            parts.append(f"{_SHORT.get(k, k.partition('.')[2])}={v}")
         else:
             short = _SHORT.get(k, k.partition(".")[2])
             parts.append(f"{short}={v:g}" if isinstance(v, float) else f"{short}={v}")
+    if not parts and host and backend == "none" and "storage.backend" in keys:
+        parts.append("no L3")  # only the L3 tier tells it from the others
     return " · ".join(parts)

@@ -1,4 +1,5 @@
-"""The report's PDF: the figures one per page, then the comparison table as text pages."""
+"""The report's PDF: the figures one per page, then the comparison table (and the SGLang
+defects a run would hit) as text pages."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from studies.report.canvas import RC, ReportFigure, new_figure
-from studies.report.derive import COMPARISON, comparison_table
+from studies.report.derive import comparison_columns, comparison_table
+from studies.report.figures_storage import defect_rows
 from studies.report.load import ReportData
 from traces.fsutil import write_atomic
 
@@ -27,10 +29,18 @@ def _pdf(data: ReportData, figures: Sequence[ReportFigure], title: str, path: Pa
 
     raw = comparison_table(data)
     text = pd.DataFrame(
-        {title_: [fmt(v) for v in raw[key]] for title_, key, fmt, _ in COMPARISON},
+        {title_: [fmt(v) for v in raw[key]] for title_, key, fmt, _ in comparison_columns(data)},
         index=raw.index,
     ).to_string()
     lines = text.splitlines()
+    defects = defect_rows(data)
+    if defects is not None:
+        lines += ["", "SGLang 0.5.14 defects this trace would hit (the simulator avoids them):"]
+        if not defects:
+            lines.append("none were hit")
+        for d in defects:
+            lines.append(f"{d['code']:>5}  {d['run']}: {d['count']:,} x, {d['tokens']:,} tokens")
+            lines.append(f"       {d['what']}")
     meta = {"Title": title, "Creator": "hicache-sim", "CreationDate": None}
     with matplotlib.rc_context(RC), PdfPages(path, metadata=meta) as pdf:
         for f in figures:

@@ -8,7 +8,9 @@ directory of a sweep::
     OUT/grid.toml        the grid file as it was run
     OUT/sweep.json       name, description, axes, job names in grid order
     OUT/results.parquet  one row per job: job, status, error, the axes, device/host pool
-    OUT/results.csv      tokens, every summary.json field, run_dir (relative to OUT)
+    OUT/results.csv      tokens, every summary.json field (the L3 storage block as
+                         storage_* columns, sglang_defects as sglang_defect_* columns),
+                         run_dir (relative to OUT)
     OUT/runs/<job>/      a run directory (config.json, summary.json, *.parquet) + job.json;
                          a failed job's directory holds job.json and error.json instead
 
@@ -60,7 +62,7 @@ from studies.sweep.jobs import (
     result_files,
     run_job,
 )
-from studies.sweep.results import collect_results, write_results
+from studies.sweep.results import collect_results, flatten_summary, write_results
 from traces.fsutil import write_bytes_atomic, write_json_atomic
 
 if TYPE_CHECKING:
@@ -225,6 +227,7 @@ __all__ = [
     "collect_results",
     "config_hash",
     "expand",
+    "flatten_summary",
     "load_grid",
     "parse_grid",
     "run_hitrate_grid",

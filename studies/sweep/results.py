@@ -15,6 +15,30 @@ if TYPE_CHECKING:
     import pandas as pd
 
 
+def flatten_summary(summary: dict[str, Any]) -> dict[str, Any]:
+    """A ``summary.json`` as flat result columns: its scalar fields as they are; the L3
+    ``storage`` block (only runs with an L3 tier have one) as ``storage_<key>`` columns
+    (``storage_backend``, ``storage_prefetches_issued``, ``storage_bytes_read``, ...; a key
+    already starting ``storage_`` keeps its name, one the summary has at the top level, such
+    as ``prefetch_wait_mean_s``, is not repeated); ``sglang_defects`` as
+    ``sglang_defect_<code>`` (count) and ``sglang_defect_<code>_tokens`` columns. Other
+    nested values (a cluster's ``per_instance``) stay as they are."""
+    out: dict[str, Any] = {}
+    for key, value in summary.items():
+        if key == "storage" and isinstance(value, dict):
+            for k, v in value.items():
+                if k in summary:
+                    continue
+                out[k if k.startswith("storage_") else f"storage_{k}"] = v
+        elif key == "sglang_defects" and isinstance(value, dict):
+            for code, d in value.items():
+                out[f"sglang_defect_{code}"] = int(d.get("count", 0))
+                out[f"sglang_defect_{code}_tokens"] = int(d.get("tokens", 0))
+        else:
+            out[key] = value
+    return out
+
+
 def _row(out: Path, spec: JobSpec, summary_keys: dict[str, None]) -> dict[str, Any]:
     row: dict[str, Any] = {"job": spec.name, "status": "missing", "error": None}
     row.update(dict(spec.axes))
@@ -23,7 +47,7 @@ def _row(out: Path, spec: JobSpec, summary_keys: dict[str, None]) -> dict[str, A
         row.update(status="failed", error=spec.error)
     elif is_finished(d, spec):
         conf = json.loads((d / "config.json").read_text())
-        summary = json.loads((d / "summary.json").read_text())
+        summary = flatten_summary(json.loads((d / "summary.json").read_text()))
         row.update(
             status="ok",
             device_tokens=conf["device_tokens"],
@@ -40,7 +64,9 @@ def _row(out: Path, spec: JobSpec, summary_keys: dict[str, None]) -> dict[str, A
 def collect_results(out: Path, specs: Sequence[JobSpec]) -> pd.DataFrame:
     """The results table from what the job directories hold, one row per spec in order:
     ``job, status ("ok" | "failed" | "missing"), error``, the axis columns,
-    ``device_tokens, host_tokens`` (resolved pools), every ``summary.json`` field, and
+    ``device_tokens, host_tokens`` (resolved pools), every ``summary.json`` field (the L3
+    ``storage`` block and ``sglang_defects`` flattened, :func:`flatten_summary`; a column a
+    job's run lacks, e.g. the L3 ones of a run without an L3 tier, is empty there), and
     ``run_dir`` (relative to ``out``; empty for a job without a run)."""
     import pandas as pd
 
@@ -54,7 +80,8 @@ def collect_results(out: Path, specs: Sequence[JobSpec]) -> pd.DataFrame:
         *axes,
         "device_tokens",
         "host_tokens",
-        *summary_keys,
+        # the defect counters last: they are many, and rarely what a reader looks for first
+        *sorted(summary_keys, key=lambda k: k.startswith("sglang_defect_")),
         "run_dir",
     ]
     return pd.DataFrame(rows, columns=columns)
@@ -66,4 +93,4 @@ def write_results(df: pd.DataFrame, out: Path) -> None:
     write_csv_atomic(df, out / "results.csv")
 
 
-__all__ = ["collect_results", "write_results"]
+__all__ = ["collect_results", "flatten_summary", "write_results"]
