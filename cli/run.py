@@ -339,11 +339,12 @@ def _format_l3_table(rows: list[dict[str, Any]], inf: float, n_requests: int) ->
     ]
     for r in rows:
         size = f"{r['storage_tokens']:,}" if r.get("storage_tokens") else "unlimited"
+        policy = r["prefetch_policy"]
         if not r.get("storage"):
-            size = "-"
+            size = policy = "-"
         lines.append(
             f"{r['eviction']:>8} {r['write_policy']:>23} {r['device_tokens']:>11,} "
-            f"{r['host_tokens']:>11,} {size:>11} {r['prefetch_policy']:>13} "
+            f"{r['host_tokens']:>11,} {size:>11} {policy:>13} "
             f"{r['hit_rate']:>6.2%} {r['device_hit_rate']:>6.2%} {r['host_hit_rate']:>6.2%} "
             f"{r['storage_hit_rate']:>6.2%} {r['storage_read_tokens']:>12,} "
             f"{r['storage_written_tokens']:>12,}"
