@@ -355,11 +355,15 @@ class StorageTier:
         hit_tokens = max(op.hit_pages, 0) * self.page_size
         done = hit_tokens > 0 and op.completed_tokens == hit_tokens
         if not done and policy == "timeout":
-            limit = min(
-                self.timeout_max, self.timeout_base + self.timeout_per_ki_token * hit_tokens / 1024
-            )
-            done = now - op.start_time > limit
+            done = now - op.start_time > self._timeout_limit(op)  # strict, from arrival
         return done or op.terminated
+
+    def _timeout_limit(self, op: PrefetchOp) -> float:
+        """Seconds the timeout policy grants ``op``: the base alone until the query answered."""
+        hit_tokens = max(op.hit_pages, 0) * self.page_size
+        return min(
+            self.timeout_max, self.timeout_base + self.timeout_per_ki_token * hit_tokens / 1024
+        )
 
     def prefetch_pending(self, rid: Hashable, now: float) -> bool:
         """``check_prefetch_progress(rid, now)`` would return False (side-effect free)."""
@@ -376,11 +380,7 @@ class StorageTier:
         """:meth:`prefetch_deadline` of an operation (None unless the policy is timeout)."""
         if self.prefetch_policy != "timeout":
             return None
-        hit_tokens = max(op.hit_pages, 0) * self.page_size
-        limit = min(
-            self.timeout_max, self.timeout_base + self.timeout_per_ki_token * hit_tokens / 1024
-        )
-        return op.start_time + limit
+        return op.start_time + self._timeout_limit(op)
 
     def check_prefetch_progress(self, rid: Hashable, now: float) -> bool:
         """True when ``rid`` has no prefetch in flight any more (terminating it now if its
