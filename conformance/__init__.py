@@ -8,7 +8,9 @@ compared (:mod:`conformance.compare`). Deliberate differences are listed in one 
 :mod:`conformance.known_differences`.
 
 The request-level logic (what a scheduler does around the cache) lives once, in
-:class:`conformance.driver.Driver`; a side only adapts primitives and extracts state. That is
-also where a third tier (L3 storage) plugs in: new operation specs in :mod:`conformance.ops`,
-new handlers in the driver, new primitives and state extractors on both sides.
+:class:`conformance.driver.Driver`; a side only adapts primitives and extracts state. The L3
+storage tier plugs in the same way: its operation specs (:data:`conformance.ops.L3_OPS`), driver
+handlers (request arrival with prefetch, checks at a logical time, credits, aborts, the storage
+stages stepped one backend call at a time, drains) and, on the SGLang side, a stub of
+``HiCacheController``'s storage half over the real ``HiCacheFile`` backend.
 """

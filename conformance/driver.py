@@ -8,7 +8,10 @@ results or state comes from the caches themselves.
 
 Extending to another tier: add ops to :mod:`conformance.ops`, a handler here (registered in
 ``Driver.handlers``), the primitives it needs on :class:`Side`, and, for state, a section in
-:func:`snapshot` (or a side's :meth:`Side.extra_state`).
+:func:`snapshot` (or a side's :meth:`Side.extra_state`). The L3 storage tier is done that way:
+requests (``arrive`` -> the scheduler's arrival-time match and ``_prefetch_kvcache``; ``check``,
+``check_admit``, ``pop``, ``abort``), a logical clock in seconds (``tick``), the storage stages
+stepped one backend call at a time (``query``, ``read``, ``backup``, ``stages``) and ``drain``.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ class MatchView:
     last_device: Node
     last_host: Node
     best: Node
+    raw: Any = None
+    """The side's own match result (our side's prefetch needs it)."""
 
 
 class Side:
@@ -53,6 +58,14 @@ class Side:
     def take_flags(self) -> list[str]:
         out, self.flags = self.flags, []
         return out
+
+    def close(self) -> None:
+        """Release what the side holds outside the process (the SGLang side's L3 directory)."""
+
+    def coverage(self) -> dict[str, int]:
+        """Counters of what a sequence exercised (our side on L3: prefetches issued, truncated,
+        revoked, ...); summed over a run and reported."""
+        return {}
 
     # -- cache calls ---------------------------------------------------------------------------
     def match(self, tokens: list[int], extra_key: str | None, limit: int | None) -> MatchView:
@@ -193,11 +206,55 @@ class Side:
         raise NotImplementedError
 
     def extra_state(self) -> State:
-        """Tier-specific state sections (none for L1/L2)."""
+        """Tier-specific state sections (none for L1/L2). A ``stale`` entry is merged into the
+        snapshot's ``stale`` section (not compared)."""
         return {}
+
+    # -- L3 storage tier (only called on an L3 configuration) ----------------------------------
+    def prefetch(
+        self, rid: str, tokens: list[int], extra_key: str | None, m: MatchView, now: float
+    ) -> bool:
+        """The scheduler's ``_prefetch_kvcache`` after its arrival-time match ``m`` (limit
+        input - 1): prefetch the tokens after the matched ones, anchored at ``m.last_host``.
+        True if a prefetch was registered."""
+        raise NotImplementedError
+
+    def check_prefetch(self, rid: str, now: float) -> bool:
+        raise NotImplementedError
+
+    def pop_credit(self, rid: str) -> int:
+        raise NotImplementedError
+
+    def abort(self, rid: str) -> None:
+        raise NotImplementedError
+
+    def drain(self) -> None:
+        raise NotImplementedError
+
+    def query_step(self) -> bool:
+        """One ``batch_exists`` call of the query stage, if it has work; True if one ran."""
+        raise NotImplementedError
+
+    def read_step(self) -> bool:
+        """One ``batch_get`` call of the prefetch IO stage."""
+        raise NotImplementedError
+
+    def backup_step(self) -> bool:
+        """One ``batch_set`` call of the backup stage."""
+        raise NotImplementedError
+
+    def l3_put(self, tokens: list[int]) -> None:
+        """Write the pages of ``tokens`` (from the root, no extra key) straight into the
+        storage backend, as another engine sharing it would."""
+        raise NotImplementedError
 
 
 # ------------------------------------------------------------------------------- snapshots --
+def node_label(side: Side, node: Node) -> str:
+    """A node named by its path's tokens (run-length) and extra key: the same on both sides."""
+    return _label(side, node)
+
+
 def _label(side: Side, node: Node) -> str:
     parts: list[list[int]] = []
     n: Node | None = node
@@ -272,19 +329,35 @@ def snapshot(side: Side) -> State:
         "queued_loads": side.queued_loads(),
         "stale": {"writes": sorted(stale_writes), "loads": sorted(stale_loads)},
     }
-    state.update(side.extra_state())
+    extra = side.extra_state()
+    state["stale"].update(extra.pop("stale", {}))
+    state.update(extra)
     return state
 
 
 # ---------------------------------------------------------------------------------- driver --
+@dataclass
+class Request:
+    """A request in the waiting queue (L3 sequences): what the scheduler keeps for it."""
+
+    rid: str
+    tokens: list[int]
+    extra_key: str | None
+
+
 class Driver:
-    """Plays ops on one side, holding what a scheduler would hold (request locks, host pins)."""
+    """Plays ops on one side, holding what a scheduler would hold (request locks, host pins,
+    waiting requests and the clock in seconds on an L3 configuration)."""
 
     def __init__(self, side: Side) -> None:
         self.side = side
         self.ps = side.page_size
         self.locks: list[Node] = []
         self.pins: list[Node] = []
+        self.waiting: list[Request] = []
+        self.rids: list[str] = []
+        """Every request id issued so far (``pop`` picks among them)."""
+        self.now = 0.0
         self.handlers: dict[str, Callable[..., Result]] = {
             "serve": self.serve,
             "insert": self.insert,
@@ -305,6 +378,20 @@ class Driver:
             "release_host": self.release_host,
             "write_back_wait": self.write_back_wait,
             "flush": self.flush,
+            # L3
+            "arrive": self.arrive,
+            "tick": self.tick,
+            "query": self.query,
+            "read": self.read,
+            "backup": self.backup,
+            "stages": self.stages,
+            "settle": self.settle,
+            "check": self.check,
+            "check_admit": self.check_admit,
+            "pop": self.pop,
+            "abort": self.abort,
+            "drain": self.drain,
+            "l3_put": self.l3_put,
         }
 
     def step(self, op: Op) -> Result:
@@ -391,12 +478,14 @@ class Driver:
         node = self.locks.pop(slot % len(self.locks))
         return {"node": self._id(node), "delta": self.side.dec_lock(node)}
 
-    def admit(self, tokens: list[int], extra_key: str | None = None) -> Result:
+    def admit(
+        self, tokens: list[int], extra_key: str | None = None, limit: int | None = None
+    ) -> Result:
         """PrefillAdder's path: match, load the host hit back (``init_load_back``), lock the
         returned node. Flags ``load_back_chain_detached`` when a node of the chain being loaded
         left the tree during the call (KD-LOADBACK-PIN)."""
         s = self.side
-        m = s.match(tokens, extra_key, None)
+        m = s.match(tokens, extra_key, limit)
         chain = []
         n = m.best
         while s.is_evicted(n):
@@ -482,10 +571,120 @@ class Driver:
         self.side.release_host(node)
         return {"node": self._id(node)}
 
-    def flush(self) -> Result:
-        """``/flush_cache`` on an idle engine: requests gone, cache reset, device pool cleared."""
+    def flush(self, settle: bool = False) -> Result:
+        """``/flush_cache`` on an idle engine: requests gone, cache reset, device pool cleared.
+        (Waiting requests are dropped without an abort: their prefetch entries are what SGLang's
+        reset leaves behind, D10.) With ``settle`` (L3), :meth:`settle` first: the storage
+        stages are idle at the reset."""
+        out = self.settle() if settle else {}
         self.locks.clear()
         self.pins.clear()
+        self.waiting.clear()
         self.side.reset()
         self.side.clear_device()
+        return out
+
+    # -- L3: requests ----------------------------------------------------------------------------
+    @staticmethod
+    def _limit(tokens: list[int]) -> int:
+        """``Req._compute_max_prefix_len``: at most input - 1 tokens are matched."""
+        return max(len(tokens) - 1, 0)
+
+    def arrive(self, tokens: list[int], extra_key: str | None = None) -> Result:
+        """``_add_request_to_queue``: the arrival-time match (limit input - 1, with all its side
+        effects), then ``_prefetch_kvcache``; the request joins the waiting queue."""
+        s = self.side
+        rid = f"r{len(self.rids)}"
+        self.rids.append(rid)
+        m = s.match(tokens, extra_key, self._limit(tokens))
+        out = self._match_result(m)
+        out["rid"] = rid
+        out["issued"] = s.prefetch(rid, tokens, extra_key, m, self.now)
+        self.waiting.append(Request(rid, tokens, extra_key))
+        return out
+
+    def _waiting(self, slot: int) -> Request | None:
+        return self.waiting[slot % len(self.waiting)] if self.waiting else None
+
+    def check(self, slot: int) -> Result:
+        """A scheduling pass reaches the request: ``check_prefetch_progress`` at the current
+        time; the request stays queued either way (e.g. the batch is full after the check)."""
+        req = self._waiting(slot)
+        if req is None:
+            return {"noop": True}
+        return {"rid": req.rid, "done": self.side.check_prefetch(req.rid, self.now)}
+
+    def check_admit(self, slot: int) -> Result:
+        """The scheduler's pass for one request: check; when True, pop the credit, match again
+        (limit input - 1) and admit (load back the host hit, lock); it leaves the queue."""
+        req = self._waiting(slot)
+        if req is None:
+            return {"noop": True}
+        s = self.side
+        if not s.check_prefetch(req.rid, self.now):
+            return {"rid": req.rid, "done": False}
+        credit = s.pop_credit(req.rid)
+        self.waiting.remove(req)
+        out = {"rid": req.rid, "done": True, "credit": credit}
+        return out | self.admit(req.tokens, req.extra_key, self._limit(req.tokens))
+
+    def pop(self, slot: int) -> Result:
+        """``pop_prefetch_loaded_tokens`` for any request seen so far (0 when none is kept)."""
+        if not self.rids:
+            return {"noop": True}
+        rid = self.rids[slot % len(self.rids)]
+        return {"rid": rid, "credit": self.side.pop_credit(rid)}
+
+    def abort(self, slot: int) -> Result:
+        """A waiting request is aborted: ``release_aborted_request``; it leaves the queue."""
+        req = self._waiting(slot)
+        if req is None:
+            return {"noop": True}
+        self.waiting.remove(req)
+        self.side.abort(req.rid)
+        return {"rid": req.rid}
+
+    def tick(self, dt: float) -> Result:
+        self.now += dt
+        return {"now": self.now}
+
+    # -- L3: storage stages and queues -----------------------------------------------------------
+    def _steps(self, step: Callable[[], bool], count: int) -> Result:
+        return {"ran": sum(1 for _ in range(count) if step())}
+
+    def query(self, count: int) -> Result:
+        return self._steps(self.side.query_step, count)
+
+    def read(self, count: int) -> Result:
+        return self._steps(self.side.read_step, count)
+
+    def backup(self, count: int) -> Result:
+        return self._steps(self.side.backup_step, count)
+
+    def stages(self) -> Result:
+        """Every stage until idle, one call at a time: a query if one is pending, else a read,
+        else a backup (the order matters: a backup can add pages a later query finds)."""
+        s = self.side
+        n = 0
+        while s.query_step() or s.read_step() or s.backup_step():
+            n += 1
+        return {"ran": n}
+
+    def settle(self) -> Result:
+        """A while later with nothing new arriving: every device->host write finishes, the
+        acks are processed (``check_hicache_events``: L3 backups start), every storage stage
+        runs until idle, and the control queues are drained."""
+        s = self.side
+        out = {"finished": s.finish_writes(None)}
+        s.check_events()
+        out |= self.stages()
+        s.check_events()
+        return out
+
+    def drain(self) -> Result:
+        self.side.drain()
+        return {}
+
+    def l3_put(self, tokens: list[int]) -> Result:
+        self.side.l3_put(tokens)
         return {}

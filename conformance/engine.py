@@ -48,6 +48,8 @@ class Outcome:
     mismatch: Mismatch | None = None
     agreed_errors: list[str] = field(default_factory=list)
     b_flags: list[tuple[int, str]] = field(default_factory=list)
+    coverage: dict[str, int] = field(default_factory=dict)
+    """Side B's counters at the end (see ``Side.coverage``)."""
 
 
 def _step(driver: Driver, op: Op) -> tuple[dict[str, Any], str | None]:
@@ -78,6 +80,23 @@ def run_sequence(
 ) -> Outcome:
     """Play ``ops`` on fresh sides A (reference) and B; compare after every step."""
     a, b = make_a(cfg), make_b(cfg)
+    try:
+        out = _run(cfg, ops, a, b, names, tamper)
+        out.coverage = b.coverage()
+        return out
+    finally:
+        a.close()
+        b.close()
+
+
+def _run(
+    cfg: Config,
+    ops: Sequence[Op],
+    a: Side,
+    b: Side,
+    names: tuple[str, str],
+    tamper: Tamper | None,
+) -> Outcome:
     da, db = Driver(a), Driver(b)
     out = Outcome()
     flags: list[tuple[int, str]] = []

@@ -6,13 +6,16 @@ empty modules whose attributes are inert placeholders:
 
 * heavy third-party packages pulled in by ``sglang.srt.utils`` at import time and never called
   on the paths we drive (:data:`THIRD_PARTY`);
-* SGLang modules that the L1/L2 decision paths never execute (:data:`SGLANG_CUT`): the real
-  ``HiCacheController`` (replaced by the manual stub controller anyway), the device/host KV
-  pools (replaced by stub pools), the hybrid/DSA controller and metrics. Cutting them also cuts
-  the import chain into ``server_args`` and, from there, transformers and most of SGLang.
+* SGLang modules that the decision paths never execute (:data:`SGLANG_CUT`): the device/host
+  KV pools (replaced by stub pools), the hybrid/DSA controller, metrics, and the two modules
+  ``cache_controller`` imports only names from (``distributed``, ``layers.dp_attention``: rank
+  and group getters the storage half we drive never calls). Cutting them also cuts the import
+  chain into ``server_args`` and, from there, transformers and most of SGLang.
 
 The modules under test -- ``hiradix_cache``, ``radix_cache``, ``base_prefix_cache``,
-``evict_policy``, ``mem_cache.utils`` -- are always the real ones; :func:`check_real` asserts it.
+``evict_policy``, ``mem_cache.utils``, and for the L3 tier ``managers.cache_controller`` (its
+``PrefetchOperation`` / ``StorageOperation`` and storage methods) and ``mem_cache.hicache_storage``
+(``HiCacheFile``) -- are always the real ones; :func:`check_real` asserts it.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ from typing import Any
 
 THIRD_PARTY = ("triton", "torchvision", "IPython")
 SGLANG_CUT = (
-    "sglang.srt.managers.cache_controller",
+    "sglang.srt.distributed",
+    "sglang.srt.layers.dp_attention",
     "sglang.srt.mem_cache.memory_pool",
     "sglang.srt.mem_cache.memory_pool_host",
     "sglang.srt.mem_cache.hybrid_cache",
@@ -40,6 +44,8 @@ UNDER_TEST = (
     "sglang.srt.mem_cache.base_prefix_cache",
     "sglang.srt.mem_cache.evict_policy",
     "sglang.srt.mem_cache.utils",
+    "sglang.srt.managers.cache_controller",
+    "sglang.srt.mem_cache.hicache_storage",
 )
 
 

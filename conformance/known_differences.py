@@ -9,7 +9,9 @@ Each entry says what differs, why, and how the comparison treats it. Two kinds o
   ``triggers`` was raised is counted as **explained** by that entry -- separately, never
   silently -- and its report still lists the diff.
 
-Sources: the docstrings of ``hicache/policy/hiradix.py`` and POLICY_CORE.md (shared design).
+Sources: the docstrings of ``hicache/policy/hiradix.py`` and POLICY_CORE.md (shared design);
+for the L3 entries (``KD-L3-*``) ``hicache/policy/storage_tier.py`` (``DEFECTS``) and
+STORAGE_TIER.md §8.
 """
 
 from __future__ import annotations
@@ -151,16 +153,171 @@ KNOWN_DIFFERENCES: tuple[KnownDifference, ...] = (
         id="KD-ROOT",
         what=(
             "Root: SGLang's priority is -sys.maxsize, ours -(2**63); SGLang's value/host_value "
-            "are [] like ours."
+            "are [] like ours. A node a prefetch attaches directly under the root inherits "
+            "the root's priority (both sides)."
         ),
         why="Either is below every real priority; the root is never evicted (lock_ref 1).",
-        treatment="normalised: of the root only last_access is compared.",
+        treatment=(
+            "normalised: of the root only last_access is compared; a node priority equal to "
+            "the side's root priority is compared as 'root'."
+        ),
     ),
     KnownDifference(
         id="KD-DEC-LOCK-BELOW-ZERO",
         what="dec_lock_ref below zero: ours raises, SGLang lets lock_ref go negative.",
         why="A caller bug either way; ours fails loudly.",
         treatment="not exercised: the driver only releases locks it holds.",
+    ),
+    # ------------------------------------------------------------------ L3 storage tier --
+    KnownDifference(
+        id="KD-L3-D1",
+        what=(
+            "Prefetch termination (_insert_helper_host): when the walk from the anchor ends on "
+            "a device-only node below the anchor, SGLang attaches the fetched remainder under "
+            "it as a host-only node; ours frees those host pages instead (no credit for them)."
+        ),
+        why=(
+            "STORAGE_TIER.md §8 D1: the device-only node becomes a device leaf with a child "
+            "and no host copy, and SGLang's next evict of it raises an AssertionError "
+            "(non-leaf) under write_through / write_through_selective."
+        ),
+        treatment=(
+            "explained: the SGLang side flags fetched_under_device_only when a check creates "
+            "a host-only node whose parent is a device-only node other than the root."
+        ),
+        triggers=("fetched_under_device_only",),
+    ),
+    KnownDifference(
+        id="KD-L3-EXTRA-KEY",
+        what=(
+            "Page keys and extra keys: SGLang's page keys ignore the extra key (a LoRA/salt "
+            "request finds pages written under another namespace), and a prefetch anchored at "
+            "the root drops the request's extra key (fetched nodes land in the no-extra-key "
+            "namespace); ours keeps namespaces apart (a per-namespace chain seed) and inserts "
+            "fetched nodes under the request's extra key."
+        ),
+        why="STORAGE_TIER.md §8 D2: cross-tenant KV reuse in SGLang.",
+        treatment=(
+            "explained: the SGLang side flags l3_cross_namespace_hit when a query batch hits a "
+            "page that no backup wrote under the request's extra key, and "
+            "l3_extra_key_dropped when a prefetch whose key lost the request's extra key "
+            "inserted something. L3 content is compared as token prefixes without namespace."
+        ),
+        triggers=("l3_cross_namespace_hit", "l3_extra_key_dropped"),
+    ),
+    KnownDifference(
+        id="KD-L3-RESET-BACKUP",
+        what=(
+            "reset (flush) while an L2->L3 backup is part-way through its batches: SGLang's "
+            "reset joins the backup thread, which finishes the operation it is on (its "
+            "remaining pages reach L3); ours drops it with the queued ones."
+        ),
+        why=(
+            "Ours treats the stage's current operation like the queued ones (StorageController"
+            ".reset); the pages are simply absent from L3 later. A flush needs an idle engine, "
+            "so this only matters for a backup still running at that moment."
+        ),
+        treatment=(
+            "explained: the SGLang stub controller flags reset_backup_in_progress when its "
+            "backup stage is inside an operation at reset (and then finishes it, as the join)."
+        ),
+        triggers=("reset_backup_in_progress",),
+    ),
+    KnownDifference(
+        id="KD-L3-RESET-IO",
+        what=(
+            "reset with prefetch reads pending (D3/D4): SGLang does not join the prefetch IO "
+            "thread; it may exit, or survive and release its operations' host slots after "
+            "the host pool was cleared (duplicate free-list entries) and run next to the new "
+            "one. Ours drops those operations."
+        ),
+        why="STORAGE_TIER.md §8 D3/D4: a race in 0.5.14, not a decision to reproduce.",
+        treatment=(
+            "normalised: the stub's IO stage stops at reset and drops its operations (the "
+            "race's clean outcome); a double free would still be flagged by the stub pool."
+        ),
+    ),
+    KnownDifference(
+        id="KD-L3-RESET-STALE",
+        what=(
+            "reset: SGLang keeps ongoing_prefetch and ongoing_backup entries (anchors and "
+            "nodes of the old tree); ours clears them (DEFECTS D10)."
+        ),
+        why=(
+            "STORAGE_TIER.md §8 D10: their revokes/acks were cleared with the queues, so "
+            "nothing ever reads them again (request ids are not reused)."
+        ),
+        treatment=(
+            "normalised: entries whose anchor/node is not in the current tree go to the "
+            "state's 'stale' section (not compared; ours having any is a mismatch)."
+        ),
+    ),
+    KnownDifference(
+        id="KD-L3-KEYS",
+        what=(
+            "L3 keys and operation ids: SGLang chains SHA-256 hex strings over the tokens "
+            "(and has one StorageOperation id counter per process); ours chains 64-bit "
+            "hashes of (previous key, page symbol) and numbers its own operations."
+        ),
+        why="Speed; any injective prefix-chained key will do (STORAGE_TIER.md §9).",
+        treatment=(
+            "normalised: both sides record the token prefix of every key they compute; L3 "
+            "content (SGLang: the HiCacheFile directory's files) is compared as the set of "
+            "token prefixes, operations as the prefix of their last page, ongoing backups by "
+            "node path, revokes by request id."
+        ),
+    ),
+    KnownDifference(
+        id="KD-L3-QUEUES",
+        what=(
+            "Control queues: SGLang's host-release queue holds one item per page and its "
+            "revoke queue request ids; ours holds one page list per release and (request id, "
+            "op id) pairs. Drains snapshot the queue length first on both sides."
+        ),
+        why="Ours releases a run of pages as one item; the op id guards against D9.",
+        treatment="normalised: release pages compared flattened in order, revokes by id.",
+    ),
+    KnownDifference(
+        id="KD-L3-HIT-LIST",
+        what=(
+            "A prefetch's hit list: ours grows it batch by batch during the query and keeps "
+            "the hit length of a revoked operation (hit_pages); SGLang sets hash_value once, "
+            "at the end of the query, and only when it is not revoked."
+        ),
+        why="Bookkeeping for a timed driver (charging calls as they happen).",
+        treatment=(
+            "normalised: compared as the hit pages visible to the tree (0 before the query "
+            "ends and for a revoked operation); the decisions that read it are compared as is."
+        ),
+    ),
+    KnownDifference(
+        id="KD-L3-THREADS",
+        what=(
+            "Threads: SGLang's prefetch, prefetch IO and backup threads run freely; here the "
+            "driver steps each stage one backend call at a time (STORAGE_BATCH_SIZE patched to "
+            "the configuration's batch of 2 pages on both sides), and prefetch start times and "
+            "timeouts read a logical clock in seconds."
+        ),
+        why="Determinism: every interleaving a step order produces is one the threads allow.",
+        treatment=(
+            "normalised: the thread functions' bodies and batch loops are reproduced line by "
+            "line around the real per-batch methods; the TP/CP collectives are the identity in "
+            "one process, on both sides."
+        ),
+    ),
+    KnownDifference(
+        id="KD-L3-NOT-EXERCISED",
+        what=(
+            "D8 (prefix keys omit the anchor), D9 (stale revoke with a reused request id), "
+            "D5/D6 (scheduler-side credit and breakdown reporting), backup failures, MLA "
+            "backup skip, a capped file backend, TP > 1."
+        ),
+        why=(
+            "Prefix keys are off by default and no built-in backend reads them; request ids "
+            "are unique here; D5/D6 are the scheduler's (the core pops credits exactly like "
+            "SGLang, compared as is); the unbounded file backend never fails a write."
+        ),
+        treatment="not exercised.",
     ),
 )
 

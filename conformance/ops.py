@@ -7,8 +7,9 @@ same thing on both sides as long as they agree, and a sequence stays valid when 
 from it (which the minimiser relies on).
 
 Operation kinds are registered as :class:`OpSpec` s with a weight and an argument generator;
-:data:`L1L2_OPS` is the device + host set. A later tier adds its own specs (and the matching
-driver handlers) without touching these.
+:data:`L1L2_OPS` is the device + host set, :data:`L3_OPS` adds the storage tier (request
+arrivals with a prefetch, the storage stages stepped one backend call at a time, prefetch checks
+at a logical time, credits, aborts, drains) to a re-weighted copy of it.
 """
 
 from __future__ import annotations
@@ -32,28 +33,67 @@ MAX_KEY_PAGES = {1: 24, 4: 6, 64: 3}
 HOST_RATIOS = (1.0, 1.5, 2.0)
 
 
+#: L3 (storage tier) sequences: page sizes, prefetch stop policies, host pool ratios (above 1.0,
+#: so that the prefetch capacity limit, int(0.8 x (host - device tokens)), lets prefetches in)
+L3_PAGE_SIZES = (1, 4)
+PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
+L3_HOST_RATIOS = (1.25, 1.5, 2.0, 3.0)
+#: the L3 knobs: a prefetch threshold of 2 or 3 pages (drawn per sequence; with 3, hits of 1
+#: or 2 pages are revoked), backend calls of 2 pages (SGLang's STORAGE_BATCH_SIZE patched), and
+#: a timeout of 0.5 s + 1/4 s per hit page (per 1024 tokens: 256 s / page size) capped at
+#: 1.25 s, i.e. at 3 pages. Dyadic numbers, so both sides compute the same floats, and the
+#: clock's 1/8 s steps land on the limits (the comparison is strict).
+L3_THRESHOLD_PAGES = (2, 3)
+L3_BATCH_PAGES = 2
+L3_TIMEOUT = (0.5, 256.0, 1.25)  # base s, s per 1024 hit tokens at page size 1, max s
+#: logical seconds a ``tick`` op advances the clock by
+TICKS = (0.125, 0.25, 0.5, 1.0, 2.0)
+
+
 @dataclass(frozen=True)
 class Config:
-    """One cache configuration: what both sides are built with."""
+    """One cache configuration: what both sides are built with. ``prefetch_policy`` set means
+    the L3 storage tier is attached (with the other ``l3_*`` / ``timeout_*`` knobs)."""
 
     write_policy: str
     page_size: int
     strategy: str
     device_pages: int
     host_pages: int
+    prefetch_policy: str | None = None
+    threshold_pages: int = L3_THRESHOLD_PAGES[0]
+    batch_pages: int = L3_BATCH_PAGES
+    timeout_base: float = L3_TIMEOUT[0]
+    timeout_per_ki_token: float = L3_TIMEOUT[1]
+    timeout_max: float = L3_TIMEOUT[2]
+
+    @property
+    def l3(self) -> bool:
+        return self.prefetch_policy is not None
 
     @property
     def combo(self) -> str:
-        return f"{self.write_policy}/p{self.page_size}/{self.strategy}"
+        base = f"{self.write_policy}/p{self.page_size}/{self.strategy}"
+        return f"L3/{base}/{self.prefetch_policy}" if self.l3 else base
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "write_policy": self.write_policy,
             "page_size": self.page_size,
             "strategy": self.strategy,
             "device_pages": self.device_pages,
             "host_pages": self.host_pages,
         }
+        if self.l3:
+            out.update(
+                prefetch_policy=self.prefetch_policy,
+                threshold_pages=self.threshold_pages,
+                batch_pages=self.batch_pages,
+                timeout_base=self.timeout_base,
+                timeout_per_ki_token=self.timeout_per_ki_token,
+                timeout_max=self.timeout_max,
+            )
+        return out
 
 
 def host_pages_for(device_pages: int, page_size: int, ratio: float) -> int:
@@ -70,6 +110,27 @@ def make_config(rng: random.Random, write_policy: str, page_size: int, strategy:
         strategy,
         device_pages,
         host_pages_for(device_pages, page_size, ratio),
+    )
+
+
+def make_l3_config(
+    rng: random.Random, write_policy: str, page_size: int, prefetch_policy: str
+) -> Config:
+    """An L3 configuration: the eviction strategy, host ratio and prefetch threshold are drawn
+    per sequence."""
+    device_pages = DEVICE_PAGES[page_size]
+    strategy = rng.choice(STRATEGIES)
+    ratio = rng.choice(L3_HOST_RATIOS)
+    threshold = rng.choice(L3_THRESHOLD_PAGES)
+    return Config(
+        write_policy,
+        page_size,
+        strategy,
+        device_pages,
+        host_pages_for(device_pages, page_size, ratio),
+        prefetch_policy=prefetch_policy,
+        threshold_pages=threshold,
+        timeout_per_ki_token=L3_TIMEOUT[1] / page_size,
     )
 
 
@@ -248,10 +309,85 @@ L1L2_OPS: tuple[OpSpec, ...] = (
 )
 
 
+def _arrive_args(rng: random.Random, kg: KeyGen, cfg: Config) -> dict[str, Any]:
+    """A request arriving: mostly an earlier key as it was or extended (returning
+    conversations find their prefix in L2 or L3), otherwise a fresh one; rarely an extra key."""
+    tokens = kg.known_key() if rng.random() < 0.7 else kg.key()
+    if tokens and rng.random() < 0.6:
+        tokens = [*tokens, rng.randrange(kg.alphabet)]  # input - 1 then covers the last page
+    args: dict[str, Any] = {"tokens": tokens}
+    if rng.random() < 0.03:
+        args["extra_key"] = "lora"
+    return args
+
+
+def _l3_put_args(rng: random.Random, kg: KeyGen, cfg: Config) -> dict[str, Any]:
+    """Pages another engine sharing the storage wrote: an earlier key, or a fresh one that a
+    later key may extend."""
+    return {"tokens": kg.known_key() if rng.random() < 0.4 else kg.key()}
+
+
+def _steps(rng: random.Random, kg: KeyGen, cfg: Config) -> dict[str, Any]:
+    return {"count": rng.randint(1, 4)}
+
+
+def _tick(rng: random.Random, kg: KeyGen, cfg: Config) -> dict[str, Any]:
+    return {"dt": rng.choice(TICKS)}
+
+
+def _flush_args(rng: random.Random, kg: KeyGen, cfg: Config) -> dict[str, Any]:
+    """Mostly a flush of an engine idle long enough for the storage stages to be idle too."""
+    return {"settle": True} if rng.random() < 0.8 else {}
+
+
+_L3_ARGS: dict[str, ArgGen] = {"flush": _flush_args}
+_L1L2_L3_WEIGHTS = {
+    "flush": 3.0,
+    "evict_host": 6.0,
+    "evict": 8.0,
+    "serve": 14.0,
+    "admit": 4.0,
+    "unlock": 12.0,
+    "finish_writes": 9.0,
+    "events": 6.0,
+}
+
+#: The L3 set: the L1/L2 ops, a few re-weighted (more flushes, evictions and finished writes,
+#: so that L3 fills and holds what L1/L2 lost; fewer ``events``, so that revokes and slot
+#: releases wait for a drain as they do between two scheduler passes), plus the storage tier's.
+L3_OPS: tuple[OpSpec, ...] = (
+    *(
+        OpSpec(
+            s.kind,
+            _L1L2_L3_WEIGHTS.get(s.kind, s.weight),
+            _L3_ARGS.get(s.kind, s.make_args),
+            s.policies,
+        )
+        for s in L1L2_OPS
+    ),
+    OpSpec("arrive", 12, _arrive_args),
+    OpSpec("l3_put", 5, _l3_put_args),
+    OpSpec("tick", 16, _tick),
+    OpSpec("query", 10, _steps),
+    OpSpec("read", 10, _steps),
+    OpSpec("backup", 12, _steps),
+    OpSpec("stages", 3, _no_args),
+    OpSpec("settle", 3, _no_args),
+    OpSpec("check", 4, _slot),
+    OpSpec("check_admit", 7, _slot),
+    OpSpec("pop", 2, _slot),
+    OpSpec("abort", 2, _slot),
+    OpSpec("drain", 3, _no_args),
+)
+
+
 def generate(
-    rng: random.Random, cfg: Config, steps: int, specs: Sequence[OpSpec] = L1L2_OPS
+    rng: random.Random, cfg: Config, steps: int, specs: Sequence[OpSpec] | None = None
 ) -> list[Op]:
-    """A random sequence of ``steps`` ops for ``cfg`` (only specs valid for its write policy)."""
+    """A random sequence of ``steps`` ops for ``cfg`` (only specs valid for its write policy;
+    by default :data:`L3_OPS` for an L3 configuration, :data:`L1L2_OPS` otherwise)."""
+    if specs is None:
+        specs = L3_OPS if cfg.l3 else L1L2_OPS
     usable = [s for s in specs if cfg.write_policy in s.policies]
     weights = [s.weight for s in usable]
     kg = KeyGen(rng, cfg.page_size)

@@ -1,20 +1,54 @@
 """Our side: ``hicache.policy.HiRadixCache`` with a ``ManualController`` and ``PageAllocator`` s.
 
 Built the way ``tests/policy/harness.py`` builds it: the device pool reuses pages in SGLang's
-order for the page size (``device_pool``), the host pool is FIFO.
+order for the page size (``device_pool``), the host pool is FIFO. On an L3 configuration a
+:class:`~hicache.policy.storage.StorageController` (with an unbounded ``PageStore``) is attached
+the way ``tests/policy/test_storage_tier.py`` does; its stages are stepped by the driver.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Hashable, Iterable, Sequence
 from typing import Any
 
-from conformance.driver import MatchView, Node, Side
-from conformance.ops import Config
+from conformance.driver import MatchView, Node, Side, State, node_label
+from conformance.ops import Config, run_length
 from hicache.policy import HiRadixCache, ManualController, PageAllocator, to_page_key
 from hicache.policy.allocator import device_pool
 from hicache.policy.eviction import get_strategy
 from hicache.policy.radix import TreeNode, child_key
+from hicache.policy.storage import BackupOp, PageHasher, PageStore, PrefetchOp, StorageController
+
+
+class RecordingHasher(PageHasher):
+    """Our page keys, remembering the (extra key, tokens) prefix each key stands for, so that
+    L3 content and storage operations can be compared with SGLang's as token prefixes (the key
+    functions differ on purpose: KD-L3-KEYS)."""
+
+    def __init__(self, page_size: int) -> None:
+        super().__init__()
+        self.page_size = page_size
+        self.prefix: dict[int, tuple[str | None, tuple[int, ...]]] = {0: (None, ())}
+
+    def seed(self, extra_key: str | None) -> int:
+        s = super().seed(extra_key)
+        self.prefix.setdefault(s, (extra_key, ()))
+        return s
+
+    def chain(self, last: int, symbols: Sequence[Hashable]) -> list[int]:
+        out = super().chain(last, symbols)
+        ns, tokens = self.prefix[last]
+        for key, sym in zip(out, symbols, strict=True):
+            page: tuple[Any, ...] = tuple(sym) if self.page_size > 1 else (sym,)  # type: ignore[arg-type]
+            tokens = tokens + page
+            self.prefix.setdefault(key, (ns, tokens))
+        return out
+
+    find = chain
+
+    def tokens(self, key: int) -> tuple[int, ...]:
+        return self.prefix[key][1]
 
 
 def _flatten(key: tuple[Any, ...], page_size: int) -> list[int]:
@@ -37,6 +71,30 @@ class OursSide(Side):
             self.ctrl, write_policy=cfg.write_policy, eviction_policy=cfg.strategy
         )
         self._key = get_strategy(cfg.strategy)
+        self.hasher = RecordingHasher(cfg.page_size)
+        self.store = PageStore()
+        self.storage: StorageController | None = None
+        self.cov: Counter[str] = Counter()
+        """Driver-level L3 counters (coverage)."""
+        if cfg.l3:
+            ps = cfg.page_size
+            self.storage = StorageController(
+                self.host,
+                self.store,
+                device_tokens=cfg.device_pages * ps,
+                threshold=cfg.threshold_pages * ps,
+                hasher=self.hasher,
+                batch_pages=cfg.batch_pages,
+            )
+            assert cfg.prefetch_policy is not None
+            self.cache.attach_storage(
+                self.storage,
+                prefetch_policy=cfg.prefetch_policy,
+                prefetch_threshold=cfg.threshold_pages * ps,
+                timeout_base=cfg.timeout_base,
+                timeout_per_ki_token=cfg.timeout_per_ki_token,
+                timeout_max=cfg.timeout_max,
+            )
 
     # -- cache calls ---------------------------------------------------------------------------
     def match(self, tokens: list[int], extra_key: str | None, limit: int | None) -> MatchView:
@@ -47,6 +105,7 @@ class OursSide(Side):
             m.last_device_node,
             m.last_host_node,
             m.best_match_node,
+            m,
         )
 
     def insert(
@@ -148,7 +207,8 @@ class OursSide(Side):
             "lock_ref": n.lock_ref,
             "host_ref": n.host_ref_counter,
             "hit_count": n.hit_count,
-            "priority": n.priority,
+            # the root's priority, inherited by a node fetched under it (KD-ROOT)
+            "priority": "root" if n.priority == self.cache.root.priority else n.priority,
             "pending_write": n.write_through_pending_id,
             "last_access": n.last_access_time,
             "creation": n.creation_time,
@@ -208,3 +268,131 @@ class OursSide(Side):
 
     def queued_loads(self) -> list[int]:
         return [op.node_id for op in self.ctrl.pending_loads]
+
+    # -- L3 storage tier -----------------------------------------------------------------------
+    def _st(self) -> StorageController:
+        assert self.storage is not None, "not an L3 configuration"
+        return self.storage
+
+    def prefetch(
+        self, rid: str, tokens: list[int], extra_key: str | None, m: MatchView, now: float
+    ) -> bool:
+        ps = self.page_size
+        key = to_page_key(tokens, ps)
+        return self.cache.prefetch_kvcache(
+            rid, key, m.raw, max(len(tokens) - 1, 0) // ps, now, extra_key
+        )
+
+    def check_prefetch(self, rid: str, now: float) -> bool:
+        entry = self.cache.ongoing_prefetch.get(rid)
+        done = self.cache.check_prefetch_progress(rid, now)
+        if entry is not None:
+            op = entry.op
+            if not done:
+                self.cov["check_pending"] += 1
+            elif op.hit_pages < 0 or op.completed_tokens < op.hit_pages * self.page_size:
+                self.cov["check_stopped_early"] += 1  # best_effort, or a timeout
+            else:
+                self.cov["check_complete"] += 1
+        return done
+
+    def pop_credit(self, rid: str) -> int:
+        credit = self.cache.pop_prefetch_loaded_tokens(rid)
+        self.cov["credit_positive"] += credit > 0
+        return credit
+
+    def abort(self, rid: str) -> None:
+        self.cov["abort_in_flight"] += rid in self.cache.ongoing_prefetch
+        self.cache.release_aborted_request(rid)
+
+    def drain(self) -> None:
+        self.cache.drain_storage_control_queues()
+
+    def query_step(self) -> bool:
+        return self._st().run_query()
+
+    def read_step(self) -> bool:
+        return self._st().run_read()
+
+    def backup_step(self) -> bool:
+        return self._st().run_write()
+
+    def coverage(self) -> dict[str, int]:
+        """What this sequence exercised: the cache's and the storage controller's L3 counters
+        and the 0.5.14 defects (``DEFECTS``) it reached."""
+        if self.storage is None:
+            return {}
+        out = dict(self.cache.storage_stats.as_dict())
+        out.update({f"ctrl_{k}": v for k, v in vars(self.storage.stats).items()})
+        out.update({f"defect_{k}": v for k, v in self.cache.defects.items()})
+        out["host_evict_calls"] = self.cache.stats.evict_host_calls
+        out["load_back_calls"] = self.cache.stats.load_back_calls
+        out.update(self.cov)
+        return out
+
+    def l3_put(self, tokens: list[int]) -> None:
+        self.store.set(
+            self.hasher.chain(self.hasher.seed(None), to_page_key(tokens, self.page_size))
+        )
+
+    def _label_keys(self, keys: Sequence[int]) -> str:
+        """The token prefix a page-key list ends with (its last page's key)."""
+        return run_length(self.hasher.tokens(keys[-1])) if keys else ""
+
+    def _prefetch_op(self, op: PrefetchOp) -> list[Any]:
+        """(completed tokens, terminated, hit pages known to the tree): the hit list of an op
+        counts once its query has finished and it was not revoked (SGLang's ``hash_value``)."""
+        hit = len(op.hit_keys) if op.hit_pages >= 0 else 0
+        return [op.completed_tokens, op.terminated, hit]
+
+    def extra_state(self) -> State:
+        st = self.storage
+        if st is None:
+            return {}
+        cache = self.cache
+        prefetch: dict[str, Any] = {}
+        stale: dict[str, Any] = {}
+        for rid, entry in cache.ongoing_prefetch.items():
+            view = [
+                node_label(self, entry.anchor),
+                entry.tokens,
+                list(entry.host_pages),
+                *self._prefetch_op(entry.op),
+            ]
+            (prefetch if self.in_tree(entry.anchor) else stale)[str(rid)] = view
+        backups: list[str] = []
+        stale_backups: list[str] = []
+        for node in cache.ongoing_backup.values():
+            (backups if self.in_tree(node) else stale_backups).append(node_label(self, node))
+        release: list[int] = []
+        for pages in st.host_mem_release_queue:
+            release += pages
+        l3 = sorted({run_length(self.hasher.tokens(k)) for k in self.store._pages})
+
+        def backup_view(op: BackupOp) -> list[Any]:
+            return [self._label_keys(op.hash_value), len(op.hash_value), op.done_pages]
+
+        return {
+            "l3_prefetch": prefetch,
+            "l3_backups": sorted(backups),
+            "l3_occupied": st.prefetch_tokens_occupied,
+            "l3_credits": {str(k): v for k, v in cache.prefetch_loaded_tokens_by_reqid.items()},
+            "l3_root_host_ref": cache.root.host_ref_counter,
+            "l3_queues": {
+                "revoke": [str(rid) for rid, _ in st.prefetch_revoke_queue],
+                "release": release,
+                "backup_acks": [
+                    [self._label_keys(op.hash_value), op.completed_tokens]
+                    for op in st.ack_backup_queue
+                ],
+            },
+            "l3_stages": {
+                "query": [
+                    [str(op.rid), op.queried_pages, len(op.symbols)] for op in st.prefetch_queue
+                ],
+                "read": [[str(op.rid), op.read_pages, op.hit_pages] for op in st.prefetch_buffer],
+                "backup": [backup_view(op) for op in st.backup_queue],
+            },
+            "l3_content": l3,
+            "stale": {"l3_prefetch": stale, "l3_backups": sorted(stale_backups)},
+        }

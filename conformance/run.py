@@ -1,8 +1,11 @@
 """CLI: ``python -m conformance.run --sequences N --steps M --seed S --out DIR``.
 
-Runs N random sequences of M steps for every write policy x page size x eviction strategy,
-with the real SGLang ``HiRadixCache`` as side A and our core as side B, prints a summary table
-and writes ``DIR/conformance.json`` (figures, every known difference, and a report per
+Runs N random sequences of M steps for every write policy x page size x eviction strategy
+(the L1/L2 tier), and ``--l3-sequences`` sequences of ``--l3-steps`` steps for every write
+policy x L3 page size x prefetch stop policy (the L3 storage tier attached; the eviction
+strategy and host ratio drawn per sequence), with the real SGLang ``HiRadixCache`` as side A
+and our core as side B, prints a summary table per tier and writes ``DIR/conformance.json``
+(figures, every known difference, what the L3 sequences exercised, and a report per
 mismatching sequence: seed, config, step, op, diff, and the ops -- minimised for the first few).
 
 ``--self-test`` puts our core on both sides (no sglang needed). ``--replay FILE --report K``
@@ -28,14 +31,19 @@ from conformance.driver import Driver, snapshot
 from conformance.engine import SideFactory, minimise, run_sequence, sequence_rng
 from conformance.known_differences import KNOWN_DIFFERENCES
 from conformance.ops import (
+    L3_PAGE_SIZES,
     PAGE_SIZES,
+    PREFETCH_POLICIES,
     STRATEGIES,
     WRITE_POLICIES,
     Config,
     Op,
     generate,
     make_config,
+    make_l3_config,
 )
+
+TIERS = ("l1l2", "l3")
 
 #: sequences per task handed to a worker (load balancing across combos)
 CHUNK = 8
@@ -74,6 +82,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--policies", default=",".join(WRITE_POLICIES))
     p.add_argument("--page-sizes", default=",".join(map(str, PAGE_SIZES)))
     p.add_argument("--strategies", default=",".join(STRATEGIES))
+    p.add_argument("--tiers", default=",".join(TIERS), help="l1l2, l3 or both")
+    p.add_argument("--l3-sequences", type=int, default=300, help="L3 sequences per L3 combination")
+    p.add_argument("--l3-steps", type=int, default=100, help="operations per L3 sequence")
+    p.add_argument("--l3-page-sizes", default=",".join(map(str, L3_PAGE_SIZES)))
+    p.add_argument("--prefetch-policies", default=",".join(PREFETCH_POLICIES))
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     p.add_argument("--minimise", type=int, default=2, help="mismatches to minimise (0: none)")
     p.add_argument("--minimise-budget", type=float, default=30.0, help="seconds per minimisation")
@@ -87,14 +100,19 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 def run_task(task: dict[str, Any]) -> dict[str, Any]:
     """Sequences ``task['indices']`` of one combination (runs in a worker process)."""
     make_a, make_b, names = factories(task["mode"])
-    policy, ps, strategy = task["combo"]
-    combo = f"{policy}/p{ps}/{strategy}"
-    res: dict[str, Any] = {"combo": combo, "sequences": 0, "steps": 0, "mismatches": 0}
-    res.update(explained=0, explained_by={}, agreed_errors=0, ours_flags=0, reports=[])
+    tier = task["tier"]
+    policy, ps, variant = task["combo"]  # variant: the eviction strategy, or the L3 policy
+    combo = f"{policy}/p{ps}/{variant}" if tier == "l1l2" else f"L3/{policy}/p{ps}/{variant}"
+    res: dict[str, Any] = {"combo": combo, "tier": tier, "sequences": 0, "steps": 0}
+    res.update(mismatches=0, explained=0, explained_by={}, agreed_errors=0, ours_flags=0)
+    res.update(reports=[], coverage={})
     t0 = time.perf_counter()
     for index in task["indices"]:
         rng = sequence_rng(task["seed"], combo, index)
-        cfg = make_config(rng, policy, ps, strategy)
+        if tier == "l1l2":
+            cfg = make_config(rng, policy, ps, variant)
+        else:
+            cfg = make_l3_config(rng, policy, ps, variant)
         ops = generate(rng, cfg, task["steps"])
         signal.signal(signal.SIGALRM, _alarm)
         signal.alarm(SEQUENCE_TIMEOUT_S)
@@ -106,6 +124,8 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
         res["steps"] += outcome.steps
         res["agreed_errors"] += len(outcome.agreed_errors)
         res["ours_flags"] += len(outcome.b_flags)
+        for k, v in outcome.coverage.items():
+            res["coverage"][k] = res["coverage"].get(k, 0) + v
         m = outcome.mismatch
         if m is None:
             continue
@@ -123,18 +143,28 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
 
 
 def _tasks(args: argparse.Namespace, mode: str) -> list[dict[str, Any]]:
-    combos = itertools.product(
-        args.policies.split(","),
-        [int(x) for x in args.page_sizes.split(",")],
-        args.strategies.split(","),
-    )
+    tiers = args.tiers.split(",")
+    policies = args.policies.split(",")
+    plan: list[tuple[str, Any, int, int]] = []
+    if "l1l2" in tiers:
+        combos = itertools.product(
+            policies, [int(x) for x in args.page_sizes.split(",")], args.strategies.split(",")
+        )
+        plan += [("l1l2", c, args.sequences, args.steps) for c in combos]
+    if "l3" in tiers:
+        combos = itertools.product(
+            policies,
+            [int(x) for x in args.l3_page_sizes.split(",")],
+            args.prefetch_policies.split(","),
+        )
+        plan += [("l3", c, args.l3_sequences, args.l3_steps) for c in combos]
     tasks = []
-    for combo in combos:
-        for start in range(0, args.sequences, CHUNK):
-            indices = list(range(start, min(start + CHUNK, args.sequences)))
+    for tier, combo, sequences, steps in plan:
+        for start in range(0, sequences, CHUNK):
+            indices = list(range(start, min(start + CHUNK, sequences)))
             tasks.append(
-                {"mode": mode, "combo": combo, "indices": indices, "steps": args.steps}
-                | {"seed": args.seed}
+                {"mode": mode, "tier": tier, "combo": combo, "indices": indices}
+                | {"steps": steps, "seed": args.seed}
             )
     return tasks
 
@@ -142,12 +172,17 @@ def _tasks(args: argparse.Namespace, mode: str) -> list[dict[str, Any]]:
 def _merge(parts: list[dict[str, Any]]) -> list[dict[str, Any]]:
     by_combo: dict[str, dict[str, Any]] = {}
     for part in parts:
-        agg = by_combo.setdefault(part["combo"], {"combo": part["combo"], "explained_by": {}})
+        agg = by_combo.setdefault(
+            part["combo"],
+            {"combo": part["combo"], "tier": part["tier"], "explained_by": {}, "coverage": {}},
+        )
         for k in ("sequences", "steps", "mismatches", "explained", "agreed_errors", "time_s"):
             agg[k] = agg.get(k, 0) + part[k]
         agg["ours_flags"] = agg.get("ours_flags", 0) + part["ours_flags"]
         for kd, n in part["explained_by"].items():
             agg["explained_by"][kd] = agg["explained_by"].get(kd, 0) + n
+        for k, n in part["coverage"].items():
+            agg["coverage"][k] = agg["coverage"].get(k, 0) + n
         agg.setdefault("reports", []).extend(part["reports"])
     for agg in by_combo.values():
         agg["reports"].sort(key=lambda r: r["sequence"])
@@ -155,29 +190,34 @@ def _merge(parts: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 # ----------------------------------------------------------------------------------- output --
-def _table(rows: list[dict[str, Any]], totals: dict[str, Any]) -> str:
-    """One line per combination (worker CPU seconds), then the totals."""
+def _table(rows: list[dict[str, Any]], subtotals: list[dict[str, Any]]) -> str:
+    """One line per combination (worker CPU seconds), then a total line per tier."""
     head = (
-        f"{'combination':<40}{'seqs':>7}{'steps':>9}{'mismatch':>10}{'explained':>11}{'cpu s':>9}"
+        f"{'combination':<46}{'seqs':>7}{'steps':>9}{'mismatch':>10}{'explained':>11}{'cpu s':>9}"
     )
     lines = [head, "-" * len(head)]
-    for r in [*rows, totals]:
-        if r is totals:
-            lines.append("-" * len(head))
-        lines.append(
-            f"{r['combo']:<40}{r['sequences']:>7}{r['steps']:>9}{r['mismatches']:>10}"
+
+    def line(r: dict[str, Any]) -> str:
+        return (
+            f"{r['combo']:<46}{r['sequences']:>7}{r['steps']:>9}{r['mismatches']:>10}"
             f"{r['explained']:>11}{r.get('cpu_s', r['time_s']):>9.1f}"
         )
+
+    lines += [line(r) for r in rows]
+    lines.append("-" * len(head))
+    lines += [line(t) for t in subtotals]
     return "\n".join(lines)
 
 
-def _totals(rows: list[dict[str, Any]], wall: float) -> dict[str, Any]:
-    tot: dict[str, Any] = {"combo": "TOTAL", "explained_by": {}}
+def _totals(rows: list[dict[str, Any]], wall: float, label: str = "TOTAL") -> dict[str, Any]:
+    tot: dict[str, Any] = {"combo": label, "explained_by": {}, "coverage": {}}
     for k in ("sequences", "steps", "mismatches", "explained", "agreed_errors", "ours_flags"):
         tot[k] = sum(r[k] for r in rows)
     for r in rows:
         for kd, n in r["explained_by"].items():
             tot["explained_by"][kd] = tot["explained_by"].get(kd, 0) + n
+        for k, n in r.get("coverage", {}).items():
+            tot["coverage"][k] = tot["coverage"].get(k, 0) + n
     tot["time_s"] = wall
     tot["cpu_s"] = sum(r["time_s"] for r in rows)
     return tot
@@ -251,18 +291,46 @@ def main(argv: list[str] | None = None) -> int:
     else:
         parts = [run_task(t) for t in tasks]
     rows = _merge(parts)
-    totals = _totals(rows, time.perf_counter() - t0)
+    wall = time.perf_counter() - t0
+    totals = _totals(rows, wall)
+    by_tier = {
+        tier: _totals([r for r in rows if r["tier"] == tier], wall, f"TOTAL {tier}")
+        for tier in TIERS
+        if any(r["tier"] == tier for r in rows)
+    }
     reports = [r for row in rows for r in row["reports"]]
     if args.minimise and reports:
         _minimise_reports(reports, mode, args.minimise, args.minimise_budget)
     for row in rows:
         minimised_first = sorted(row["reports"], key=lambda r: "minimal_ops" not in r)
         row["reports"] = minimised_first[:REPORTS_PER_COMBO]
-    print(_table(rows, totals))
+    print(_table(rows, [*by_tier.values(), totals] if len(by_tier) > 1 else [totals]))
+    for tier, t in by_tier.items():
+        print(
+            f"{tier}: {t['sequences']} sequences, {t['steps']} steps, {t['mismatches']} "
+            f"mismatches, {t['explained']} explained {t['explained_by'] or ''}; "
+            f"{t['cpu_s']:.1f} cpu s"
+        )
+    if "l3" in by_tier:
+        cov = by_tier["l3"]["coverage"]
+        keys = (
+            "prefetch_issued",
+            "prefetch_rate_limited",
+            "prefetch_truncated",
+            "ctrl_revoked",
+            "ctrl_read_calls",
+            "check_pending",
+            "check_stopped_early",
+            "check_complete",
+            "abort_in_flight",
+            "credit_positive",
+            "backup_ops",
+        )
+        print("l3 exercised: " + ", ".join(f"{k} {cov.get(k, 0)}" for k in keys))
     print(
         f"sglang {version}; {totals['sequences']} sequences, {totals['steps']} steps, "
-        f"{totals['mismatches']} mismatches, {totals['explained']} explained "
-        f"{totals['explained_by'] or ''}; wall {totals['time_s']:.1f} s, jobs {args.jobs}"
+        f"{totals['mismatches']} mismatches, {totals['explained']} explained; "
+        f"wall {totals['time_s']:.1f} s, jobs {args.jobs}"
     )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -273,6 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": f"{platform.machine()}, {os.cpu_count()} cpus",
         "args": vars(args),
         "totals": totals,
+        "totals_by_tier": by_tier,
         "combos": [{k: v for k, v in r.items() if k != "reports"} for r in rows],
         "known_differences": [kd.as_dict() for kd in KNOWN_DIFFERENCES],
         "stubbed_modules": stubbed,

@@ -369,14 +369,17 @@ class StorageController:
     def _finish_query(self, op: PrefetchOp) -> None:
         ps = self.page_size
         hit = len(op.hit_keys)
-        op.hit_pages = hit
         if hit * ps < self.prefetch_threshold:
+            # revoked: SGLang leaves the operation's hit list empty (a timeout then counts the
+            # base alone) and every reserved slot goes back through the release queue
             self.prefetch_revoke_queue.append((op.rid, op.op_id))
             self.stats.revoked += 1
             if op.host_pages:
                 self.host_mem_release_queue.append(op.host_pages)
             op.hit_keys = []
+            op.hit_pages = 0
             return
+        op.hit_pages = hit
         if hit < len(op.host_pages):
             self.host_mem_release_queue.append(op.host_pages[hit:])
         self.prefetch_buffer.append(op)

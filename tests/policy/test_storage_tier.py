@@ -371,3 +371,19 @@ def test_d1_fetched_pages_under_a_device_only_node_are_dropped() -> None:
     s.cache.evict(8)  # SGLang: AssertionError here
     s.check()
     assert s.host_free() == 128 - 0
+
+
+def test_a_revoked_prefetch_times_out_on_the_base_alone() -> None:
+    """SGLang keeps a revoked operation's hit list empty, so until the revoke is drained the
+    timeout is the base alone (2 s), not base + 0.1 s per 1,024 of the short hit; and the
+    reserved slots, all queued for release, are not also held by the prefetch."""
+    s = L3(policy="timeout")
+    s.hold(seq(0, 3))  # one page: below the 8-token threshold
+    assert s.arrive("r", seq(0, 12), now=0.0)
+    s.c.run_query()
+    s.check()
+    assert not s.cache.check_prefetch_progress("r", 2.0)
+    assert s.cache.check_prefetch_progress("r", 2.0002)  # > 2.0; the short hit adds nothing
+    s.drain()
+    assert s.host_free() == 128
+    s.check()
