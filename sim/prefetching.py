@@ -1,0 +1,178 @@
+"""The scheduler's part in the L3 tier (mixed into :class:`sim.scheduler.Scheduler`).
+
+SGLang checks a waiting request's prefetch when its admission loop reaches it, skips a request
+still prefetching without blocking the queue, and sees copy and storage events at its next
+iteration. Here that is: the admission loop with prefetch checks, how long a request was held
+back, the wake-ups (a timeout deadline, a copy or storage call that ended) and, inside a chain
+of decode steps, the per-step check that SGLang's every iteration would run.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING
+
+import simpy
+
+from hicache.lifecycle import KVLifecycle
+from hicache.policy import HiRadixCache
+
+if TYPE_CHECKING:
+    from sim.scheduler import SchedulerParams, SimReq, _PrefillBudget
+
+
+class Prefetching:
+    """Mixed into ``Scheduler``; uses its queue, cache, lifecycle and wake-up event."""
+
+    env: simpy.Environment
+    cache: HiRadixCache
+    life: KVLifecycle
+    p: SchedulerParams
+    waiting: deque[SimReq]
+    running: list[SimReq]
+    chunked: SimReq | None
+    _wake: simpy.Event
+    _idle: bool
+    _seg: tuple[float, float, float, int] | None
+    _check_step: int
+    _stop_after: int
+    _drain_due: bool
+
+    def wake(self) -> None:
+        raise NotImplementedError
+
+    def _add_waiting(
+        self, budget: _PrefillBudget, batch: list[tuple[SimReq, int, int]], req: SimReq
+    ) -> bool:
+        raise NotImplementedError
+
+    def notify(self, storage: str = "") -> None:
+        """A copy or storage call ended (runs with an L3 tier): SGLang's loop sees it at its
+        next iteration. Idle: wake now. Inside a chain of decode steps: at the end of the step
+        under way, run that iteration's HiCache check (acks start backups, drains release
+        slots and pins) and, if a waiting request may now be admitted, stop the chain there.
+        In a prefill: the loop checks when it ends.
+
+        ``storage``: the kind of a storage call that ended ("" for a copy). Its drain can only
+        matter to a waiting request's prefetch check (a query or read; a backup ack only
+        releases host pins) or to the next arrival's prefetch, which drains first when the
+        loop is idle (:meth:`_enqueue`) and otherwise comes after a step boundary that drains
+        (an open-loop arrival cuts a chain of steps there). So those need no wake-up; copy
+        acks always do (each starts an L3 backup)."""
+        if storage and (storage == "write" or not self.waiting):
+            if self._idle:
+                self._drain_due = True
+            return
+        if self._idle:
+            self.wake()
+            return
+        seg = self._seg
+        if seg is None:
+            return
+        start, step0, inc, k = seg
+        j = self._steps_until(self.env.now - start, k, step0, inc)
+        if j >= k:
+            return  # that step ends the segment: the loop runs then
+        at = start + j * step0 + inc * j * (j - 1) / 2
+        if j == self._check_step:
+            return  # already due
+        self._check_step = j
+        self.env.timeout(max(0.0, at - self.env.now)).callbacks.append(self._step_check)
+
+    def _step_check(self, _event: simpy.Event) -> None:
+        j, self._check_step = self._check_step, 0
+        if self._seg is None or j == 0:
+            return  # the segment it was meant for is over
+        self.cache.check_hicache_events()
+        if self.waiting and not self._only_prefetching():
+            self._stop_after = j
+            self.wake()
+
+    # ----------------------------------------------------------------------------- loop --
+
+    def _admit_with_prefetch(
+        self, budget: _PrefillBudget, batch: list[tuple[SimReq, int, int]]
+    ) -> None:
+        """The admission loop with an L3 tier: each request the loop reaches is first checked
+        (``check_prefetch_progress``); one still prefetching is skipped, not blocking."""
+        p, life, now = self.p, self.life, self.env.now
+        i = 0
+        while i < len(self.waiting) and budget.rem_total() > 0 and budget.rem_input > 0:
+            if budget.rem_chunk <= 0:
+                break
+            if p.max_running_requests and len(self.running) + len(batch) >= p.max_running_requests:
+                break
+            req = self.waiting[i]
+            entry = self.cache.ongoing_prefetch.get(req.rid)
+            credit = life.prefetch_done(req.rid, now)
+            if credit < 0:  # reached, but held back by its prefetch
+                if req.prefetch_held < 0:
+                    req.prefetch_held = now
+                    req.prefetch_op = entry.op if entry is not None else None
+                i += 1
+                continue
+            if req.prefetch_held >= 0:
+                req.prefetch_wait += self._held_until(req, now) - req.prefetch_held
+                req.prefetch_held = -1.0
+            req.storage_credit += credit
+            n = len(self.waiting)
+            ok = self._add_waiting(budget, batch, req)
+            if credit and len(self.waiting) == n:
+                self.cache.defects["D5"] += 1  # SGLang overwrites the credit with 0 next pass
+                self.cache.defect_tokens["D5"] += credit
+            if not ok:
+                break
+
+    def _held_until(self, req: SimReq, now: float) -> float:
+        """When ``req``'s prefetch stopped holding it back: its I/O ended or its timeout
+        passed (what came after, until admission reached it again, is queueing)."""
+        op, req.prefetch_op = req.prefetch_op, None
+        if op is None:
+            return now
+        end = op.done_time if op.done_time >= 0 else now
+        deadline = self.cache.deadline_of(op)
+        if deadline is not None:
+            end = min(end, deadline)
+        return max(req.prefetch_held, min(now, end))
+
+    def _wake_at_prefetch_deadline(self) -> None:
+        """Idle with requests waiting on their prefetch: wake when the earliest timeout
+        expires (stage progress wakes the scheduler through its listener)."""
+        cache = self.cache
+        if cache.storage is None or not self.waiting:
+            return
+        now = self.env.now
+        deadlines = [cache.prefetch_deadline(r.rid) for r in self.waiting]
+        # a deadline already passed changes nothing until admission reaches that request,
+        # which only other events can make happen
+        due = min((d for d in deadlines if d is not None and d >= now), default=None)
+        if due is None:
+            return
+        wake = self._wake
+
+        def ring(_event: simpy.Event) -> None:
+            if not wake.triggered:
+                wake.succeed()
+
+        delay = due - now + 1e-9  # the comparison is strict
+        self.env.timeout(delay).callbacks.append(ring)
+
+    def _only_prefetching(self) -> bool:
+        """Every waiting request's prefetch check would say "not yet" now (FCFS, L3 on)."""
+        cache, now = self.cache, self.env.now
+        if cache.storage is None or self.p.policy == "lpm" or self.chunked is not None:
+            return False
+        return all(cache.prefetch_pending(r.rid, now) for r in self.waiting)
+
+    @staticmethod
+    def _steps_until(elapsed: float, k: int, step0: float, inc: float) -> int:
+        """The least j in 1..k whose first j steps (``step0 + i * inc`` each) last at least
+        ``elapsed``: the step in progress at ``elapsed`` ends the segment."""
+        lo, hi = 1, k
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if mid * step0 + inc * mid * (mid - 1) / 2 >= elapsed:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
