@@ -44,6 +44,7 @@ class Side:
     """Primitives every side provides. Sizes are in tokens, page lists are page ids."""
 
     name = "side"
+    cache: Any  # the side's HiRadixCache (ours or SGLang's): same method names
 
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
@@ -99,23 +100,24 @@ class Side:
     def ready_to_load(self) -> int:
         raise NotImplementedError
 
+    # the same-named calls on either cache (SGLang's names are ours), written once
     def writing_check(self, write_back: bool = False) -> None:
-        raise NotImplementedError
+        self.cache.writing_check(write_back=write_back)
 
     def loading_check(self) -> None:
-        raise NotImplementedError
+        self.cache.loading_check()
 
     def check_events(self) -> None:
-        raise NotImplementedError
+        self.cache.check_hicache_events()
 
     def protect_host(self, node: Node) -> None:
-        raise NotImplementedError
+        node.protect_host()
 
     def release_host(self, node: Node) -> None:
-        raise NotImplementedError
+        node.release_host()
 
     def reset(self) -> None:
-        raise NotImplementedError
+        self.cache.reset()
 
     # -- pools and controller -----------------------------------------------------------------
     def alloc_device(self, num_pages: int) -> list[int] | None:

@@ -61,6 +61,7 @@ class OursSide(Side):
     """Adapts our policy core to the driver's primitives (page ids are used as they are)."""
 
     name = "ours"
+    cache: HiRadixCache
 
     def __init__(self, cfg: Config) -> None:
         super().__init__(cfg)
@@ -138,24 +139,6 @@ class OursSide(Side):
 
     def ready_to_load(self) -> int:
         return self.cache.ready_to_load_host_cache()
-
-    def writing_check(self, write_back: bool = False) -> None:
-        self.cache.writing_check(write_back=write_back)
-
-    def loading_check(self) -> None:
-        self.cache.loading_check()
-
-    def check_events(self) -> None:
-        self.cache.check_hicache_events()
-
-    def protect_host(self, node: Node) -> None:
-        node.protect_host()
-
-    def release_host(self, node: Node) -> None:
-        node.release_host()
-
-    def reset(self) -> None:
-        self.cache.reset()
 
     # -- pools and controller -----------------------------------------------------------------
     def alloc_device(self, num_pages: int) -> list[int] | None:
