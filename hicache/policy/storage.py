@@ -5,9 +5,9 @@ checks, termination, backups after write acks, control-queue drains) lives in
 :mod:`hicache.policy.storage_tier`; this module holds what SGLang runs on its three storage
 threads, made deterministic:
 
-* :class:`PageHasher` gives each page its L3 key: an int interned per (previous page's key, page
+* :class:`PageHasher` gives each page its L3 key: a 64-bit hash of (previous page's key, page
   symbol), so a key stands for the whole token prefix up to the end of its page, as SGLang's
-  chained SHA-256 does (injective, and cheap: no hashing of long prefixes).
+  chained SHA-256 does (one small hash per page, never of a long prefix).
 * :class:`PageStore` is the backend's content: a set of page keys, optionally capped with a
   page-level LRU (the file backend's ``max_size`` evictor).
 * :class:`StorageController` holds the operations and the queues between the scheduler and the
