@@ -36,6 +36,7 @@ class Prefetching:
     _seg: tuple[float, float, float, int] | None
     _check_step: int
     _stop_after: int
+    _listening: bool
     _drain_due: bool
 
     def wake(self) -> None:
@@ -84,7 +85,9 @@ class Prefetching:
         if self._seg is None or j == 0:
             return  # the segment it was meant for is over
         self.cache.check_hicache_events()
-        if self.waiting and not self._only_prefetching():
+        # only a chain whose whole queue is prefetching waits on the wake-up (a chain started
+        # with an empty queue runs to its planned end, as without an L3 tier)
+        if self._listening and self.waiting and not self._only_prefetching():
             self._stop_after = j
             self.wake()
 

@@ -163,6 +163,7 @@ class Scheduler(Prefetching):
         self._seg: tuple[float, float, float, int] | None = None
         self._check_step = 0
         self._stop_after = 0
+        self._listening = False  # a blocked chain waits on the wake-up event (see notify)
         self._drain_due = False
 
     # ---------------------------------------------------------------------------- inbox --
@@ -456,7 +457,9 @@ class Scheduler(Prefetching):
                 wake = self._wake = env.event()
                 self._wake_at_prefetch_deadline()
                 seg = env.timeout(start + dur - env.now)
+                self._listening = True
                 got = yield seg | wake
+                self._listening = False
                 if seg not in got:  # woken mid-segment: the step under way ends, then stop
                     j, self._stop_after = self._stop_after, 0
                     k = j or self._steps_until(env.now - start, k, step0, b * bs)
