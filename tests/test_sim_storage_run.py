@@ -4,6 +4,7 @@ trace on a small device pool (so L1/L2 lose what L3 keeps), at a quarter of the 
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 import pytest
@@ -151,3 +152,41 @@ def test_an_expired_timeout_does_not_spin_the_idle_loop(monkeypatch: pytest.Monk
                              "workload.max_requests=60"])  # fmt: skip
     s = run_simulation(cfg, trace, None, progress=False)
     assert s["finished_requests"] == 60 and passes > 60
+
+
+def test_a_step_check_stops_only_a_chain_that_listens() -> None:
+    """notify's per-step check runs the iteration's HiCache check; it may end a chain of
+    decode steps only when that chain waits on the wake-up (every waiting request was still
+    prefetching when it started). Otherwise its stop step must not linger for a later chain."""
+    import simpy
+
+    from sim.prefetching import Prefetching
+
+    class Cache:
+        storage = None
+        checks = 0
+
+        def check_hicache_events(self) -> None:
+            Cache.checks += 1
+
+    class Sched(Prefetching):
+        def __init__(self) -> None:
+            self.env = simpy.Environment()
+            self.cache = Cache()  # type: ignore[assignment]
+            self.waiting = deque([object()])  # type: ignore[arg-type]
+            self.p = type("P", (), {"policy": "fcfs"})()  # type: ignore[assignment]
+            self.chunked = None
+            self._wake = self.env.event()
+            self._idle, self._listening, self._drain_due = False, False, False
+            self._seg = (0.0, 1.0, 0.0, 10)
+            self._check_step, self._stop_after = 3, 0
+
+        def wake(self) -> None:
+            self._wake.succeed()
+
+    s = Sched()
+    s._step_check(s.env.event())
+    assert Cache.checks == 1 and s._stop_after == 0 and not s._wake.triggered
+    s._listening, s._check_step = True, 3
+    s._step_check(s.env.event())
+    assert s._stop_after == 3 and s._wake.triggered
