@@ -146,13 +146,13 @@ class Side:
         raise NotImplementedError
 
     def children(self, node: Node) -> list[Node]:
-        raise NotImplementedError
+        return list(node.children.values())
 
     def parent(self, node: Node) -> Node | None:
-        raise NotImplementedError
+        return node.parent
 
     def node_id(self, node: Node) -> int:
-        raise NotImplementedError
+        return int(node.id)
 
     def node_tokens(self, node: Node) -> list[int]:
         raise NotImplementedError

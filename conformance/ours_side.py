@@ -166,15 +166,6 @@ class OursSide(Side):
     def root(self) -> Node:
         return self.cache.root
 
-    def children(self, node: Node) -> list[Node]:
-        return list(node.children.values())
-
-    def parent(self, node: Node) -> Node | None:
-        return node.parent
-
-    def node_id(self, node: Node) -> int:
-        return int(node.id)
-
     def node_tokens(self, node: Node) -> list[int]:
         return _flatten(node.key, self.page_size)
 

@@ -847,15 +847,6 @@ class SglangSide(Side):
     def root(self) -> Node:
         return self.cache.root_node
 
-    def children(self, node: Node) -> list[Node]:
-        return list(node.children.values())
-
-    def parent(self, node: Node) -> Node | None:
-        return node.parent
-
-    def node_id(self, node: Node) -> int:
-        return int(node.id)
-
     def node_tokens(self, node: Node) -> list[int]:
         return list(node.key.token_ids)
 
