@@ -74,6 +74,17 @@ RUNS = {
     "no_host": (MULTI, ["gpu.device_tokens=8192", "cache.enable_host=false"]),
     "selective": (MULTI, ["gpu.device_tokens=8192", "cache.write_policy=write_through_selective",
                           "cache.page_size=16"]),
+    # issue 14 (speed): the whole conversation trace with the defaults at three loads, and
+    # the settings whose fast paths differ (a running-request cap, chunks, LFU, an L3 tier)
+    "full_r025": (CONV, ["workload.rate_scale=0.25"]),
+    "full_r1": (CONV, ["workload.rate_scale=1"]),
+    "full_r4": (CONV, ["workload.rate_scale=4"]),
+    "maxrun_r1": (CONV, ["workload.max_requests=3000", "scheduler.max_running_requests=16"]),
+    "chunk2048_r1": (CONV, ["workload.max_requests=3000", "scheduler.chunked_prefill_size=2048"]),
+    "lfu_wb_r1": (CONV, ["workload.max_requests=3000", "cache.eviction=lfu",
+                         "cache.write_policy=write_back"]),
+    "l3_r025": (CONV, ["workload.max_requests=3000", "storage.backend=mooncake",
+                       "workload.rate_scale=0.25"]),
 }  # fmt: skip
 
 
