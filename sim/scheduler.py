@@ -16,6 +16,7 @@ Simplifications (documented, deliberate):
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections import deque
 from collections.abc import Callable, Generator, Hashable
@@ -165,6 +166,9 @@ class Scheduler(Prefetching):
         self._stop_after = 0
         self._listening = False  # a blocked chain waits on the wake-up event (see notify)
         self._drain_due = False
+        # the admission attempt of this iteration (see _Gate): the queue head's failed match
+        # (the tokens it needed, the clock after it, its touches; -1: none usable)
+        self._tried = (-1, -1, 0)
 
     # ---------------------------------------------------------------------------- inbox --
     def arrive(self, req: SimReq) -> None:
@@ -207,16 +211,20 @@ class Scheduler(Prefetching):
 
     # ---------------------------------------------------------------------- admission --
     def _reserved(self) -> float:
+        return self._reserved_at(0, self.new_token_ratio)
+
+    def _reserved_at(self, steps: int, ratio: float) -> float:
+        """The running requests' reservations (PrefillAdder's offset) after ``steps`` more
+        decode steps than their counters show, at ``ratio``: the same float operations."""
         clip = self.p.clip_max_new_tokens
-        return sum(
-            min(r.output_length - r.decoded, clip) * self.new_token_ratio for r in self.running
-        )
+        return sum(min(r.output_length - r.decoded - steps, clip) * ratio for r in self.running)
 
     def _get_new_batch_prefill(self) -> list[tuple[SimReq, int, int]] | None:
         """Returns [(req, extend tokens this batch, cached tokens before)] or None."""
         if not self.waiting and self.chunked is None:
             return None
         p = self.p
+        self._tried = (-1, -1, 0)
         if p.max_running_requests and len(self.running) >= p.max_running_requests:
             return None
         if p.policy == "lpm" and 1 < len(self.waiting) <= p.lpm_max_queue:
@@ -256,13 +264,16 @@ class Scheduler(Prefetching):
     ) -> bool:
         """Try to admit ``req`` (the first waiting request the loop reaches:
         PrefillAdder.add_one_req); False stops the batch."""
-        life, ps = self.life, self.p.page_size
+        life, ps, cache = self.life, self.p.page_size, self.cache
         key = self._fill_key(req)
+        clock, made = cache.now(), cache.nodes_made()
         m = life.match(key, req.fill_len)
         dev = m.device_hit_length
         extend = req.fill_len - dev
         total = extend + budget.new_tokens(req) + ps
         if total >= budget.rem_total():
+            if not batch and cache.nodes_made() == made:  # the head, matched without a split
+                self._tried = (total, cache.now(), cache.now() - clock)
             return False  # NO_TOKEN
         if not budget.chunking and batch and extend - m.host_hit_length >= budget.rem_input:
             return False  # OTHER
@@ -396,14 +407,24 @@ class Scheduler(Prefetching):
         evict nor retract): same events, same times, same page order, but each request's
         counters move once per call instead of once per segment (a heap finds the requests
         at each boundary), which is what a long decode costs. ``chain`` False: one segment
-        (tests drive the scheduler segment by segment)."""
+        (tests drive the scheduler segment by segment).
+
+        With requests waiting, the loop tries admission after every step. When the queue
+        head's attempt has just failed (FCFS, no L3 tier), a :class:`_Gate` predicts each
+        later attempt from what it reads (free and evictable pages, the batch's reservations
+        at that step's ``new_token_ratio``, the running cap), and the steps chain while every
+        attempt would fail; the attempts skipped are accounted to the tree (their clock
+        ticks). A copy that completes wakes the chain: the step under way ends, the HiCache
+        events run, and the gate looks again."""
         env, cache, ps = self.env, self.cache, self.p.page_size
         cache.writing_check()  # flush_write_through_acks
         run = self.running
         dev = cache.controller.device
         at_boundary = [r for r in run if r.kv_tokens % ps == 0]
         need = ps * len(at_boundary)
+        evicted = False
         if need and dev.available_size() < need:
+            evicted = True  # the head's match may have changed: no gate this call
             cache.evict(need)
             while dev.available_size() < need and len(run) > 1:
                 self._retract_one()
@@ -427,22 +448,41 @@ class Scheduler(Prefetching):
         # timeout deadline, so the steps chain as with an empty queue (FCFS only: LPM's
         # per-step matching touches the tree)
         blocked = queued and self._only_prefetching()
+        gate: _Gate | None = None
         if blocked:
             queued = False
+        elif queued and chain and not evicted:
+            gate = self._gate()
+            queued = gate is None
         # with a queue every step re-checks admission: one step, no plan needed
         finish = 1 if queued else min(r.output_length - r.decoded for r in run)
         # (steps from now to the request's next page boundary, its index in the batch)
         bounds = [] if queued else [(ps - r.kv_tokens % ps, i) for i, r in enumerate(run)]
         heapq.heapify(bounds)
         done = 0
+        skipped = 0  # admission attempts the gate stood for that would have matched the head
         while True:
-            if done and not self._next_boundary_pages(bounds, done):
-                break
+            if done:
+                cache.check_hicache_events()  # what the loop runs first at that iteration
+                cache.writing_check()
+                seen = 0
+                if gate is not None:
+                    seen = gate.check(done)
+                    if seen < 0:
+                        break  # that attempt may admit: the loop makes it
+                if not self._next_boundary_pages(bounds, done):
+                    break
+                skipped += seen
             k = 1 if queued else min(finish - done, bounds[0][0] - done)
             step0 = a + b * (kv0 + bs * done)
             start = max(env.now, self.ctrl.take_stall())
             cut = False
-            if queued:
+            ends: list[float] = []
+            cum: list[int] = []
+            if gate is not None:
+                ends, cum = self._plan_gated(gate, done, k, start, a, b, kv0, bs)
+                k = len(ends)
+            elif queued:
                 k = 1
             else:
                 budget = self.next_arrival() - start
@@ -452,35 +492,58 @@ class Scheduler(Prefetching):
                     kk += 1
                 cut, k = kk < k, kk
             dur = k * step0 + b * bs * k * (k - 1) / 2  # steps of a + b*(kv0 + j*bs), j < k
+            end = ends[-1] if ends else start + dur
             self._seg = (start, step0, b * bs, k)
-            if blocked:
+            if blocked or gate is not None:
                 wake = self._wake = env.event()
-                self._wake_at_prefetch_deadline()
-                seg = env.timeout(start + dur - env.now)
+                if blocked:
+                    self._wake_at_prefetch_deadline()
+                seg = env.timeout(end - env.now)
                 self._listening = True
                 got = yield seg | wake
                 self._listening = False
-                if seg not in got:  # woken mid-segment: the step under way ends, then stop
+                if seg not in got and gate is not None:
+                    # a copy completed (or a request arrived): the step under way ends, then
+                    # the loop's next iteration (events, the gate) runs
+                    k = bisect.bisect_left(ends, env.now) + 1
+                    end = ends[k - 1]
+                    if end > env.now:
+                        yield env.timeout(end - env.now)
+                elif seg not in got:  # woken mid-segment: the step under way ends, then stop
                     j, self._stop_after = self._stop_after, 0
                     k = j or self._steps_until(env.now - start, k, step0, b * bs)
                     dur = k * step0 + b * bs * k * (k - 1) / 2
+                    end = start + dur
                     cut = True
-                    if start + dur > env.now:
-                        yield env.timeout(start + dur - env.now)
+                    if end > env.now:
+                        yield env.timeout(end - env.now)
             else:
-                yield env.timeout(start + dur - env.now)
+                yield env.timeout(end - env.now)
             self._seg = None
             self._check_step = 0
-            self.new_token_ratio = max(self.min_ratio, self.new_token_ratio - self.ratio_decay * k)
-            self.spans.append(("decode", start, start + dur, bs))
+            if gate is not None:
+                self.new_token_ratio = gate.ratio(done + k)
+                skipped += cum[k - 1]
+            else:
+                self.new_token_ratio = max(
+                    self.min_ratio, self.new_token_ratio - self.ratio_decay * k
+                )
+            self.spans.append(("decode", start, end, bs))
             done += k
             self.pending_steps = done
+            if gate is not None:
+                if done >= finish:
+                    break
+                continue
             if not chain or queued or done >= finish or cut:
                 break
             if self.waiting and not (blocked and self._only_prefetching()):
                 break
             if self.chunked is not None:
                 break
+        if skipped:
+            assert gate is not None
+            cache.repeat_match(skipped, gate.ticks)
         self.pending_steps = 0
         self.kv_total += bs * done
         for r in list(run):
@@ -490,6 +553,52 @@ class Scheduler(Prefetching):
                 run.remove(r)
                 self.kv_total -= r.kv_tokens
                 self._finish(r)
+
+    def _gate(self) -> _Gate | None:
+        """The gate for a chain of steps after a failed admission attempt, or None where the
+        next attempt cannot be predicted (LPM matches every waiting request; an L3 tier
+        checks prefetches; a chunked request goes first)."""
+        p, cache = self.p, self.cache
+        if p.policy == "lpm" or cache.storage is not None or self.chunked is not None:
+            return None
+        cap = bool(p.max_running_requests) and len(self.running) >= p.max_running_requests
+        total, clock, ticks = self._tried
+        if clock != cache.now():  # something touched the tree since that match
+            total = -1
+        return _Gate(self, cap, total, ticks)
+
+    def _plan_gated(
+        self, gate: _Gate, done: int, k: int, start: float, a: float, b: float, kv0: int, bs: int
+    ) -> tuple[list[float], list[int]]:
+        """A gated segment of at most ``k`` steps: it stops after the first step whose
+        admission attempt the gate cannot rule out, and before a step that would end after
+        the next arrival (the first step always runs: a router reading this instance at an
+        arrival then sees every step before it). Returns each step's end time, reached as
+        one-step calls reach it (the same float operations), and the matched attempts skipped
+        before each step."""
+        env = self.env
+        arrival = self.next_arrival()
+        now = env.now
+        step0 = a + b * (kv0 + bs * done)
+        t = now + ((start + step0) - now)
+        ends, cum = [t], [0]
+        m = 1
+        while m < k:
+            seen = gate.check(done + m)
+            if seen < 0:
+                break
+            t2 = t + ((t + (a + b * (kv0 + bs * (done + m)))) - t)
+            if t2 > arrival:
+                break
+            t = t2
+            ends.append(t)
+            cum.append(cum[-1] + seen)
+            m += 1
+        # one timeout from now must land on the last end exactly
+        while len(ends) > 1 and now + (ends[-1] - now) != ends[-1]:
+            ends.pop()
+            cum.pop()
+        return ends, cum
 
     def _new_page(self, r: SimReq) -> None:
         page = self.cache.controller.device.alloc_pages(1)
@@ -568,3 +677,64 @@ class _PrefillBudget:
         self.offset += reserve
         self.rem_input -= size
         self.rem_chunk -= size
+
+
+class _Gate:
+    """The admission attempts a waiting queue makes between decode steps, predicted.
+
+    Made right after the loop's attempt failed: the running cap was reached (no match), the
+    device had no room left after the batch's reservations (no match), or the queue head was
+    matched and needed more than the room (``total`` tokens; -1 when that match cannot be
+    reused). Until a request finishes, the tree changes or a copy completes (the chain checks
+    again then), the head's match cannot change, and the room after ``j`` more steps is what
+    the loop would compute: free and evictable pages now, less the reservations at the
+    ``new_token_ratio`` of that step. The reservations come from one integer sum, checked
+    against the loop's own float sum whenever they come within rounding of a threshold."""
+
+    __slots__ = ("big", "cap", "decay", "min_ratio", "n", "ratios", "sched", "sum_r", "ticks",
+                 "total")  # fmt: skip
+
+    def __init__(self, sched: Scheduler, cap: bool, total: int, ticks: int) -> None:
+        self.sched = sched
+        self.cap = cap
+        self.total = total
+        self.ticks = ticks  # clock ticks of one match of the head
+        clip = sched.p.clip_max_new_tokens
+        left = [r.output_length - r.decoded for r in sched.running]
+        self.n = len(left)
+        self.sum_r = sum(left)
+        self.big = [x - clip for x in left if x > clip]  # steps each stays clipped
+        self.ratios = [sched.new_token_ratio]
+        self.min_ratio, self.decay = sched.min_ratio, sched.ratio_decay
+
+    def ratio(self, j: int) -> float:
+        """``new_token_ratio`` after ``j`` one-step decode calls (decayed step by step)."""
+        rs = self.ratios
+        while len(rs) <= j:
+            rs.append(max(self.min_ratio, rs[-1] - self.decay * 1))
+        return rs[j]
+
+    def check(self, j: int) -> int:
+        """The loop's attempt after ``j`` more steps: -1 if it may admit (or would match a
+        head whose match cannot be reused): the loop must make it; 0 if it fails without
+        matching; 1 if it fails after matching the head."""
+        if self.cap:
+            return 0
+        s = self.sched
+        ratio = self.ratio(j)
+        owed = self.sum_r - self.n * j
+        for over in self.big:
+            if over > j:
+                owed -= over - j
+        room = s.cache.controller.device.available_size() + s.cache.evictable_size()
+        approx = ratio * owed
+        margin = 1e-9 * (approx + 1.0)  # far above the float sum's rounding (n ulps)
+        rem = room - approx
+        total = self.total
+        if abs(rem) <= margin or (total >= 0 and abs(total - rem) <= margin):
+            rem = room - s._reserved_at(j, ratio) - 0.0  # the loop's own arithmetic
+        if not rem > 0:
+            return 0
+        if total < 0 or total < rem:
+            return -1
+        return 1
