@@ -28,7 +28,7 @@ type every driver reads: a trace request at one page size.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -63,11 +63,17 @@ class PagedRequest:
         return self.input_length + max(1, self.output_length) - 1
 
 
+NO_KEY = PageKey()  # the symbols of a request whose keys are not built (yet, or any more)
+
+
 def paged_requests(
-    trace: Trace, page_size: int, *, rate_scale: float = 1.0, limit: int = 0
+    trace: Trace, page_size: int, *, rate_scale: float = 1.0, limit: int = 0, keys: bool = True
 ) -> list[PagedRequest]:
     """The requests of a ``traces.schema.Trace`` at ``page_size`` (the first ``limit`` if > 0),
     in file order; timestamps and think times divided by ``rate_scale``.
+
+    ``keys`` False: every ``symbols`` is empty; :func:`page_keys` builds them when needed (a
+    long trace's keys would otherwise all sit in memory from the start).
 
     Arrival times count from the first request (a trace's timestamps may be absolute; only
     their differences matter), so a simulation's clock starts near 0 whatever the trace's
@@ -85,7 +91,7 @@ def paged_requests(
             origin = r.timestamp
         out.append(
             PagedRequest(
-                PageKey(page_symbols(r, page_size, bs)),
+                PageKey(page_symbols(r, page_size, bs)) if keys else NO_KEY,
                 r.input_length,
                 r.output_length,
                 rid=i,
@@ -96,6 +102,19 @@ def paged_requests(
             )
         )
     return out
+
+
+def page_keys(trace: Trace, page_size: int) -> Callable[[int], PageKey]:
+    """Builds the ``symbols`` of request ``rid`` (its index in ``trace``) on demand: what
+    :func:`paged_requests` with ``keys`` would have given it."""
+    from traces.keys import page_symbols
+
+    reqs, bs = trace.requests, trace.block_size
+
+    def build(rid: int) -> PageKey:
+        return PageKey(page_symbols(reqs[rid], page_size, bs))
+
+    return build
 
 
 @dataclass

@@ -12,6 +12,7 @@ import hashlib
 import math
 import os
 import time
+from collections import deque
 from collections.abc import Generator
 from dataclasses import asdict
 from pathlib import Path
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import simpy
 
-from hicache.lifecycle import paged_requests
+from hicache.lifecycle import page_keys, paged_requests
 from hicache.policy import HiRadixCache, PageAllocator
 from sim.controller import SimController
 from sim.costs import Costs, build_costs
@@ -59,7 +60,10 @@ class Engine:
         instances: int = 1,
         router: Router | None = None,
         storage: StorageSetup | None = None,
+        record_spans: bool = True,
     ) -> None:
+        """``record_spans``: keep every compute span (the Chrome trace's compute track: a row
+        per prefill and decode call, growing with the run); off, nothing is kept."""
         if instances < 1:
             raise ValueError(f"instances must be >= 1, got {instances}")
         if instances > 1 and router is None:
@@ -74,17 +78,22 @@ class Engine:
                      load_back_threshold=load_back_threshold, storage=storage)
             for i in range(instances)
         ]  # fmt: skip
+        if not record_spans:
+            for inst in self.instances:
+                inst.sched.spans = _Discard()
         self.storage = storage
         self.router = router
-        self.reqs = reqs
+        self.reqs = reqs  # handed to the arrival plan at run(), then let go
+        self._total = len(reqs)
         self.closed_loop = closed_loop
         self.progress = progress
         self._arrived = 0
         self._finished_n = 0
         self._all_done = self.env.event()
         self._next_turn: dict[Any, list[SimReq]] = {}
-        self._open: list[SimReq] = []
-        self._arrived_open = 0
+        # open-loop arrivals still to come, in order (each is let go once admitted, so a
+        # finished request's state is freed: its row is in the recorder)
+        self._open: deque[SimReq] = deque()
         self._bar: Any = None
 
     # the single server's parts (what tests and one-instance callers use)
@@ -132,26 +141,26 @@ class Engine:
                 turns.sort(key=lambda r: (r.req.turn or 0, r.rid))
                 self._open.append(turns[0])  # first turn at its timestamp
                 self._next_turn[id(turns[0])] = turns[1:]
-            self._open.sort(key=lambda r: (r.arrival, r.rid))
+            self._open = deque(sorted(self._open, key=lambda r: (r.arrival, r.rid)))
         else:
-            self._open = sorted(self.reqs, key=lambda r: (r.arrival, r.rid))
+            self._open = deque(sorted(self.reqs, key=lambda r: (r.arrival, r.rid)))
+        self.reqs = []
 
     def _admit(self, r: SimReq) -> None:
         self._arrived += 1
         if self.router is None:
             self.instances[0].admit(r)
             return
-        i = self.router.route(r.req, self.instances, self.env.now)
+        i = self.router.route(r.with_symbols(), self.instances, self.env.now)
         self.instances[i].admit(r)
 
     def _next_arrival(self) -> float:
         # the next open-loop arrival (closed-loop turns only follow finishes)
-        idx = self._arrived_open
-        return self._open[idx].arrival if idx < len(self._open) else math.inf
+        return self._open[0].arrival if self._open else math.inf
 
     def _finished(self, r: SimReq) -> None:
         self._finished_n += 1
-        if self._finished_n == len(self.reqs):
+        if self._finished_n == self._total:
             self._all_done.succeed()
         if self._bar is not None:
             self._bar.update(1)
@@ -214,20 +223,21 @@ class Engine:
         from tqdm import tqdm
 
         self._plan()
-        self._arrived_open = 0
         env = self.env
 
         def arrivals() -> Generator[simpy.Event, Any, None]:
-            for r in self._open:
+            pending = self._open
+            while pending:
+                r = pending[0]
                 if r.arrival > env.now:
                     yield env.timeout(r.arrival - env.now)
-                self._arrived_open += 1
+                pending.popleft()
                 self._admit(r)
 
         env.process(arrivals())
         for inst in self.instances:
             env.process(inst.sched.run())
-        total = len(self.reqs)
+        total = self._total
         self._bar = tqdm(total=total, desc="requests", unit="req", disable=self.progress is False
                          or None, mininterval=0.5)  # fmt: skip
         try:
@@ -236,6 +246,13 @@ class Engine:
         finally:
             self._bar.close()
         return float(env.now)
+
+
+class _Discard(list[Any]):
+    """A list that keeps nothing appended to it (compute spans nobody will read)."""
+
+    def append(self, _item: Any) -> None:
+        return None
 
 
 def _stall_message(engine: Engine, total: int, why: str) -> str:
@@ -280,10 +297,12 @@ def run_simulation(
     device_tokens, host_tokens, _ = resolve_pools(cfg)
     costs = build_costs(cfg)
     ps = cfg.cache.page_size
+    # keys are built when a request first needs them and dropped at its finish
     paged = paged_requests(
-        trace, ps, rate_scale=cfg.workload.rate_scale, limit=cfg.workload.max_requests
+        trace, ps, rate_scale=cfg.workload.rate_scale, limit=cfg.workload.max_requests, keys=False
     )
-    reqs = [SimReq(r) for r in paged]
+    keys = page_keys(trace, ps)
+    reqs = [SimReq(r, keys=keys) for r in paged]
     closed_loop = resolve_closed_loop(cfg.workload.closed_loop, trace, len(paged))
     sp = cfg.scheduler
     engine = Engine(
@@ -305,6 +324,7 @@ def run_simulation(
         if cfg.cluster.instances > 1
         else None,
         storage=StorageSetup.from_config(cfg, costs.bytes_per_page),
+        record_spans=cfg.run.chrome_trace and out_dir is not None,
     )
     duration = engine.run()
     frames = engine.frames()

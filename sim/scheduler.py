@@ -20,14 +20,14 @@ import bisect
 import heapq
 from collections import deque
 from collections.abc import Callable, Generator, Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import simpy
 
 from hicache.config import SchedulerConfig
 from hicache.latency import layer_pipeline_end
-from hicache.lifecycle import KVLifecycle, PagedRequest, ReqKV
+from hicache.lifecycle import NO_KEY, KVLifecycle, PagedRequest, ReqKV
 from hicache.policy import HiRadixCache, PageKey
 from hicache.policy.storage import PrefetchOp
 from sim.link import Job
@@ -74,7 +74,7 @@ class SchedulerParams(SchedulerConfig):
     lpm_max_queue: int = 128  # SGLang falls back to FCFS above this many waiting requests
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class SimReq:
     """The scheduler's state of one :class:`~hicache.lifecycle.PagedRequest`: when it really
     arrived (closed-loop turns arrive after their predecessor), its progress and its metrics."""
@@ -82,7 +82,10 @@ class SimReq:
     req: PagedRequest
     arrival: float = -1.0  # -1: the trace's arrival time
     output_length: int = 0  # tokens to generate (at least 1; set from the request)
-    prompt: PageKey = field(default_factory=PageKey)  # full prompt pages (set at arrival)
+    # builds ``req.symbols`` when first needed (None: ``req`` came with them); the keys are
+    # dropped again at the finish, so a long trace holds only its live requests' keys
+    keys: Callable[[int], PageKey] | None = None
+    prompt: PageKey | None = None  # full prompt pages (built at the first need)
     # progress
     kv: ReqKV | None = None
     fill_len: int = 0  # tokens to prefill this admission (prompt, + decoded after retraction)
@@ -117,6 +120,19 @@ class SimReq:
     @property
     def rid(self) -> int:
         return self.req.rid
+
+    def with_symbols(self) -> PagedRequest:
+        """``req``, its symbols built if they were left for later."""
+        if self.keys is not None and not self.req.symbols and self.req.input_length:
+            self.req = replace(self.req, symbols=self.keys(self.req.rid))
+        return self.req
+
+    def release_keys(self) -> None:
+        """Finished: drop the keys only a live request needs, if they can be rebuilt."""
+        if self.keys is not None:
+            self.prompt = None
+            self.out_symbols = []
+            self.req = replace(self.req, symbols=NO_KEY)
 
     @property
     def input_length(self) -> int:
@@ -172,7 +188,6 @@ class Scheduler(Prefetching):
 
     # ---------------------------------------------------------------------------- inbox --
     def arrive(self, req: SimReq) -> None:
-        req.prompt = self.life.prompt_key(req.req)
         req.fill_len = req.input_length
         self._enqueue(req)
         self.wake()
@@ -333,7 +348,16 @@ class Scheduler(Prefetching):
     def _fill_key(self, req: SimReq) -> PageKey:
         """Paged key of everything to prefill: the prompt, plus decoded tokens after a
         retraction (unique symbols, never matched)."""
-        return self.life.extend_key(req.prompt, req.out_symbols, req.fill_len // self.p.page_size)
+        return self.life.extend_key(self._prompt(req), req.out_symbols,
+                                    req.fill_len // self.p.page_size)  # fmt: skip
+
+    def _prompt(self, req: SimReq) -> PageKey:
+        """``req``'s prompt key, built at its first need (a queued request that admission has
+        not reached yet holds none)."""
+        p = req.prompt
+        if p is None:
+            p = req.prompt = self.life.prompt_key(req.with_symbols())
+        return p
 
     # -------------------------------------------------------------------------- prefill --
 
@@ -642,8 +666,9 @@ class Scheduler(Prefetching):
         assert req.kv is not None
         req.finish = self.env.now
         # the KV of prompt + outputs but the last token (SGLang's kv_committed_len)
-        self.life.finish(req.kv, req.prompt, req.out_symbols, req.kv_tokens)
+        self.life.finish(req.kv, self._prompt(req), req.out_symbols, req.kv_tokens)
         req.kv = None
+        req.release_keys()
         self.on_finish(req)
 
 
