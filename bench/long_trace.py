@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sim_run import TRACE, child_json  # noqa: E402
+from sim_run import TRACE, child_json
 
 CHILD = r"""
 import json, resource, sys, time
