@@ -18,7 +18,8 @@ from hicache.lifecycle import KVLifecycle
 from hicache.policy import HiRadixCache
 
 if TYPE_CHECKING:
-    from sim.scheduler import SchedulerParams, SimReq, _PrefillBudget
+    from sim.admission import PrefillBudget
+    from sim.scheduler import SchedulerParams, SimReq
 
 
 class Prefetching:
@@ -43,7 +44,7 @@ class Prefetching:
         raise NotImplementedError
 
     def _add_waiting(
-        self, budget: _PrefillBudget, batch: list[tuple[SimReq, int, int]], req: SimReq
+        self, budget: PrefillBudget, batch: list[tuple[SimReq, int, int]], req: SimReq
     ) -> bool:
         raise NotImplementedError
 
@@ -94,7 +95,7 @@ class Prefetching:
     # ----------------------------------------------------------------------------- loop --
 
     def _admit_with_prefetch(
-        self, budget: _PrefillBudget, batch: list[tuple[SimReq, int, int]]
+        self, budget: PrefillBudget, batch: list[tuple[SimReq, int, int]]
     ) -> None:
         """The admission loop with an L3 tier: each request the loop reaches is first checked
         (``check_prefetch_progress``); one still prefetching is skipped, not blocking."""

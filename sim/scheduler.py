@@ -30,6 +30,7 @@ from hicache.latency import layer_pipeline_end
 from hicache.lifecycle import NO_KEY, KVLifecycle, PagedRequest, ReqKV
 from hicache.policy import HiRadixCache, PageKey
 from hicache.policy.storage import PrefetchOp
+from sim.admission import Gate, PrefillBudget
 from sim.link import Job
 from sim.prefetching import Prefetching
 
@@ -182,7 +183,7 @@ class Scheduler(Prefetching):
         self._stop_after = 0
         self._listening = False  # a blocked chain waits on the wake-up event (see notify)
         self._drain_due = False
-        # the admission attempt of this iteration (see _Gate): the queue head's failed match
+        # the admission attempt of this iteration (see Gate): the queue head's failed match
         # (the tokens it needed, the clock after it, its touches; -1: none usable)
         self._tried = (-1, -1, 0)
 
@@ -244,7 +245,7 @@ class Scheduler(Prefetching):
             return None
         if p.policy == "lpm" and 1 < len(self.waiting) <= p.lpm_max_queue:
             self._sort_lpm()
-        budget = _PrefillBudget(self.cache, p, self._reserved())
+        budget = PrefillBudget(self.cache, p, self._reserved())
         batch: list[tuple[SimReq, int, int]] = []
         if self.chunked is not None:
             self._add_chunked(budget, batch)
@@ -260,7 +261,7 @@ class Scheduler(Prefetching):
                 break
         return batch or None
 
-    def _add_chunked(self, budget: _PrefillBudget, batch: list[tuple[SimReq, int, int]]) -> None:
+    def _add_chunked(self, budget: PrefillBudget, batch: list[tuple[SimReq, int, int]]) -> None:
         """The next chunk of the request being prefilled in chunks goes first."""
         req = self.chunked
         assert req is not None
@@ -275,7 +276,7 @@ class Scheduler(Prefetching):
                 self.chunked = None
 
     def _add_waiting(
-        self, budget: _PrefillBudget, batch: list[tuple[SimReq, int, int]], req: SimReq
+        self, budget: PrefillBudget, batch: list[tuple[SimReq, int, int]], req: SimReq
     ) -> bool:
         """Try to admit ``req`` (the first waiting request the loop reaches:
         PrefillAdder.add_one_req); False stops the batch."""
@@ -434,7 +435,7 @@ class Scheduler(Prefetching):
         (tests drive the scheduler segment by segment).
 
         With requests waiting, the loop tries admission after every step. When the queue
-        head's attempt has just failed (FCFS, no L3 tier), a :class:`_Gate` predicts each
+        head's attempt has just failed (FCFS, no L3 tier), a :class:`Gate` predicts each
         later attempt from what it reads (free and evictable pages, the batch's reservations
         at that step's ``new_token_ratio``, the running cap), and the steps chain while every
         attempt would fail; the attempts skipped are accounted to the tree (their clock
@@ -472,7 +473,7 @@ class Scheduler(Prefetching):
         # timeout deadline, so the steps chain as with an empty queue (FCFS only: LPM's
         # per-step matching touches the tree)
         blocked = queued and self._only_prefetching()
-        gate: _Gate | None = None
+        gate: Gate | None = None
         if blocked:
             queued = False
         elif queued and chain and not evicted:
@@ -578,7 +579,7 @@ class Scheduler(Prefetching):
                 self.kv_total -= r.kv_tokens
                 self._finish(r)
 
-    def _gate(self) -> _Gate | None:
+    def _gate(self) -> Gate | None:
         """The gate for a chain of steps after a failed admission attempt, or None where the
         next attempt cannot be predicted (LPM matches every waiting request; an L3 tier
         checks prefetches; a chunked request goes first)."""
@@ -589,10 +590,10 @@ class Scheduler(Prefetching):
         total, clock, ticks = self._tried
         if clock != cache.now():  # something touched the tree since that match
             total = -1
-        return _Gate(self, cap, total, ticks)
+        return Gate(self, cap, total, ticks)
 
     def _plan_gated(
-        self, gate: _Gate, done: int, k: int, start: float, a: float, b: float, kv0: int, bs: int
+        self, gate: Gate, done: int, k: int, start: float, a: float, b: float, kv0: int, bs: int
     ) -> tuple[list[float], list[int]]:
         """A gated segment of at most ``k`` steps: it stops after the first step whose
         admission attempt the gate cannot rule out, and before a step that would end after
@@ -670,96 +671,3 @@ class Scheduler(Prefetching):
         req.kv = None
         req.release_keys()
         self.on_finish(req)
-
-
-class _PrefillBudget:
-    """SGLang's PrefillAdder budgets for one batch: ``rem_total`` (free + evictable device
-    tokens less the running requests' reservations and this batch's), ``rem_input``
-    (``max_prefill_tokens``) and ``rem_chunk`` (``chunked_prefill_size``)."""
-
-    __slots__ = ("cache", "chunking", "clip", "dev", "offset", "rem_chunk", "rem_input", "reserved")
-
-    def __init__(self, cache: HiRadixCache, p: SchedulerParams, reserved: float) -> None:
-        self.cache = cache
-        self.dev = cache.controller.device
-        self.reserved = reserved  # the running requests' remaining outputs x new_token_ratio
-        self.offset = 0.0  # what this batch's admissions reserved so far
-        self.rem_input = p.max_prefill_tokens
-        self.chunking = p.chunked_prefill_size > 0
-        self.rem_chunk = p.chunked_prefill_size if self.chunking else 1 << 62
-        self.clip = p.clip_max_new_tokens
-
-    def rem_total(self) -> float:
-        # recomputed each time, as PrefillAdder's property: locks and loads change it
-        return self.dev.available_size() + self.cache.evictable_size() - self.reserved - self.offset
-
-    def new_tokens(self, req: SimReq) -> int:
-        """Output tokens a request may still need, clipped (``clip_max_new_tokens``)."""
-        return min(req.output_length - req.decoded, self.clip)
-
-    def take(self, size: int, reserve: float) -> None:
-        """Admit ``size`` tokens of prefill that reserve ``reserve`` device tokens."""
-        self.offset += reserve
-        self.rem_input -= size
-        self.rem_chunk -= size
-
-
-class _Gate:
-    """The admission attempts a waiting queue makes between decode steps, predicted.
-
-    Made right after the loop's attempt failed: the running cap was reached (no match), the
-    device had no room left after the batch's reservations (no match), or the queue head was
-    matched and needed more than the room (``total`` tokens; -1 when that match cannot be
-    reused). Until a request finishes, the tree changes or a copy completes (the chain checks
-    again then), the head's match cannot change, and the room after ``j`` more steps is what
-    the loop would compute: free and evictable pages now, less the reservations at the
-    ``new_token_ratio`` of that step. The reservations come from one integer sum, checked
-    against the loop's own float sum whenever they come within rounding of a threshold."""
-
-    __slots__ = ("big", "cap", "decay", "min_ratio", "n", "ratios", "sched", "sum_r", "ticks",
-                 "total")  # fmt: skip
-
-    def __init__(self, sched: Scheduler, cap: bool, total: int, ticks: int) -> None:
-        self.sched = sched
-        self.cap = cap
-        self.total = total
-        self.ticks = ticks  # clock ticks of one match of the head
-        clip = sched.p.clip_max_new_tokens
-        left = [r.output_length - r.decoded for r in sched.running]
-        self.n = len(left)
-        self.sum_r = sum(left)
-        self.big = [x - clip for x in left if x > clip]  # steps each stays clipped
-        self.ratios = [sched.new_token_ratio]
-        self.min_ratio, self.decay = sched.min_ratio, sched.ratio_decay
-
-    def ratio(self, j: int) -> float:
-        """``new_token_ratio`` after ``j`` one-step decode calls (decayed step by step)."""
-        rs = self.ratios
-        while len(rs) <= j:
-            rs.append(max(self.min_ratio, rs[-1] - self.decay * 1))
-        return rs[j]
-
-    def check(self, j: int) -> int:
-        """The loop's attempt after ``j`` more steps: -1 if it may admit (or would match a
-        head whose match cannot be reused): the loop must make it; 0 if it fails without
-        matching; 1 if it fails after matching the head."""
-        if self.cap:
-            return 0
-        s = self.sched
-        ratio = self.ratio(j)
-        owed = self.sum_r - self.n * j
-        for over in self.big:
-            if over > j:
-                owed -= over - j
-        room = s.cache.controller.device.available_size() + s.cache.evictable_size()
-        approx = ratio * owed
-        margin = 1e-9 * (approx + 1.0)  # far above the float sum's rounding (n ulps)
-        rem = room - approx
-        total = self.total
-        if abs(rem) <= margin or (total >= 0 and abs(total - rem) <= margin):
-            rem = room - s._reserved_at(j, ratio) - 0.0  # the loop's own arithmetic
-        if not rem > 0:
-            return 0
-        if total < 0 or total < rem:
-            return -1
-        return 1

@@ -1,6 +1,6 @@
 """Decode chains behind a blocked queue (issue 14): while the queue head cannot be admitted,
 the scheduler runs decode steps in chains and predicts each admission attempt it skips
-(``sim.scheduler._Gate``). The chains must change nothing: every request's times and hits,
+(``sim.admission.Gate``). The chains must change nothing: every request's times and hits,
 the tree's logical clock and its match count must equal those of the one-step loop, which
 re-tries admission after every step (the gate switched off)."""
 
@@ -124,7 +124,7 @@ def test_gated_chains_change_nothing(
 
 def _loop_attempt(e: Engine, j: int, ratio: float, total: int) -> int:
     """What the loop's attempt after ``j`` more decode steps would do, from the loop's own
-    budget arithmetic (``_PrefillBudget.rem_total``): 0 no room (no match), 1 the head matched
+    budget arithmetic (``PrefillBudget.rem_total``): 0 no room (no match), 1 the head matched
     and did not fit, -1 it fits."""
     s = e.sched
     for r in s.running:
