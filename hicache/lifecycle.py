@@ -28,6 +28,9 @@ type every driver reads: a trace request at one page size.
 
 from __future__ import annotations
 
+import itertools
+import typing
+from array import array
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
@@ -37,7 +40,7 @@ from hicache.policy.hiradix import HiRadixCache, MatchResult
 from hicache.policy.radix import ExtendedPageKey, PageKey, TreeNode
 
 if TYPE_CHECKING:
-    from traces.schema import Trace
+    from traces.schema import Request, Trace
 
 OUTPUT_MODES = ("cache", "skip")
 
@@ -73,7 +76,8 @@ def paged_requests(
     in file order; timestamps and think times divided by ``rate_scale``.
 
     ``keys`` False: every ``symbols`` is empty; :func:`page_keys` builds them when needed (a
-    long trace's keys would otherwise all sit in memory from the start).
+    long trace's keys would otherwise all sit in memory from the start). :class:`PagedTrace`
+    gives the same requests built one at a time when read.
 
     Arrival times count from the first request (a trace's timestamps may be absolute; only
     their differences matter), so a simulation's clock starts near 0 whatever the trace's
@@ -81,27 +85,65 @@ def paged_requests(
     """
     from traces.keys import page_symbols
 
-    out: list[PagedRequest] = []
     bs = trace.block_size
     origin = 0.0
+    out: list[PagedRequest] = []
     for i, r in enumerate(trace):
         if limit and i >= limit:
             break
         if i == 0:
             origin = r.timestamp
-        out.append(
-            PagedRequest(
-                PageKey(page_symbols(r, page_size, bs)) if keys else NO_KEY,
-                r.input_length,
-                r.output_length,
-                rid=i,
-                arrival_s=(r.timestamp - origin) / 1000.0 / rate_scale,
-                session=r.session_id,
-                turn=r.turn,
-                think_time_s=(r.think_time_ms or 0.0) / 1000.0 / rate_scale,
-            )
-        )
+        symbols = PageKey(page_symbols(r, page_size, bs)) if keys else NO_KEY
+        out.append(_paged(r, i, symbols, origin, rate_scale))
     return out
+
+
+def _paged(r: Request, rid: int, symbols: PageKey, origin: float, rate: float) -> PagedRequest:
+    return PagedRequest(
+        symbols,
+        r.input_length,
+        r.output_length,
+        rid=rid,
+        arrival_s=(r.timestamp - origin) / 1000.0 / rate,
+        session=r.session_id,
+        turn=r.turn,
+        think_time_s=(r.think_time_ms or 0.0) / 1000.0 / rate,
+    )
+
+
+class PagedTrace(Sequence[PagedRequest]):
+    """:func:`paged_requests` with ``keys`` False, each request built when read (index ``i``
+    gives ``paged_requests(...)[i]``). It holds the trace and one arrival time per request
+    (``arrivals``), so a long trace's requests exist as objects only while someone uses them."""
+
+    def __init__(
+        self, trace: Trace, page_size: int, *, rate_scale: float = 1.0, limit: int = 0
+    ) -> None:
+        self._reqs = trace.requests
+        self.page_size = page_size
+        self.rate_scale = rate_scale
+        n = len(trace) if limit <= 0 else min(limit, len(trace))
+        self._origin = trace.requests[0].timestamp if n else 0.0
+        stamps = (r.timestamp for r in itertools.islice(trace.requests, n))
+        self.arrivals = array("d", ((t - self._origin) / 1000.0 / rate_scale for t in stamps))
+
+    def __len__(self) -> int:
+        return len(self.arrivals)
+
+    @typing.overload
+    def __getitem__(self, i: int) -> PagedRequest: ...
+
+    @typing.overload
+    def __getitem__(self, i: slice) -> list[PagedRequest]: ...
+
+    def __getitem__(self, i: int | slice) -> PagedRequest | list[PagedRequest]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError("request index out of range")
+        return _paged(self._reqs[i], i, NO_KEY, self._origin, self.rate_scale)
 
 
 def page_keys(trace: Trace, page_size: int) -> Callable[[int], PageKey]:

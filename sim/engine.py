@@ -9,19 +9,22 @@ the duplex PCIe link, the SimController, arrivals, the scheduler and the recorde
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 import os
 import time
+import typing
 from collections import deque
-from collections.abc import Generator
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import simpy
 
-from hicache.lifecycle import page_keys, paged_requests
+from hicache.lifecycle import PagedTrace, page_keys
 from hicache.policy import HiRadixCache, PageAllocator
+from hicache.policy.radix import PageKey
 from sim.controller import SimController
 from sim.costs import Costs, build_costs
 from sim.instance import Instance
@@ -43,7 +46,7 @@ class Engine:
 
     def __init__(
         self,
-        reqs: list[SimReq],
+        reqs: Sequence[SimReq],
         *,
         device_tokens: int,
         host_tokens: int,
@@ -83,7 +86,7 @@ class Engine:
                 inst.sched.spans = _Discard()
         self.storage = storage
         self.router = router
-        self.reqs = reqs  # handed to the arrival plan at run(), then let go
+        self.reqs: Sequence[SimReq] = reqs  # handed to the arrival plan at run(), then let go
         self._total = len(reqs)
         self.closed_loop = closed_loop
         self.progress = progress
@@ -93,7 +96,7 @@ class Engine:
         self._next_turn: dict[Any, list[SimReq]] = {}
         # open-loop arrivals still to come, in order (each is let go once admitted, so a
         # finished request's state is freed: its row is in the recorder)
-        self._open: deque[SimReq] = deque()
+        self._open: deque[SimReq] | _Arrivals = deque()
         self._bar: Any = None
 
     # the single server's parts (what tests and one-instance callers use)
@@ -132,16 +135,19 @@ class Engine:
     def _plan(self) -> None:
         if self.closed_loop:
             sessions: dict[Any, list[SimReq]] = {}
+            first: list[SimReq] = []
             for r in self.reqs:
                 if r.req.session is None:
-                    self._open.append(r)
+                    first.append(r)
                 else:
                     sessions.setdefault(r.req.session, []).append(r)
             for turns in sessions.values():
                 turns.sort(key=lambda r: (r.req.turn or 0, r.rid))
-                self._open.append(turns[0])  # first turn at its timestamp
+                first.append(turns[0])  # first turn at its timestamp
                 self._next_turn[id(turns[0])] = turns[1:]
-            self._open = deque(sorted(self._open, key=lambda r: (r.arrival, r.rid)))
+            self._open = deque(sorted(first, key=lambda r: (r.arrival, r.rid)))
+        elif isinstance(self.reqs, SimReqSource):
+            self._open = _Arrivals(self.reqs)
         else:
             self._open = deque(sorted(self.reqs, key=lambda r: (r.arrival, r.rid)))
         self.reqs = []
@@ -178,17 +184,21 @@ class Engine:
 
             self.env.process(later())
 
-    def frames(self) -> dict[str, Any]:
-        """Every instance's tables, with an ``instance`` column, requests sorted by rid."""
+    def frames(self, *, take: bool = False) -> dict[str, Any]:
+        """Every instance's tables, with an ``instance`` column, requests sorted by rid.
+        ``take``: the recorders hand their rows over and are empty afterwards (the run's
+        last call: a long run's rows are not held twice)."""
         import pandas as pd
 
-        parts = [inst.recorder.frames() for inst in self.instances]
+        parts = [inst.recorder.frames(take=take) for inst in self.instances]
         out: dict[str, Any] = {}
         for name in parts[0]:
             dfs = [f[name].assign(instance=i) for i, f in enumerate(parts)]
             full = [d for d in dfs if len(d)]  # an idle instance's empty table has no dtypes
             out[name] = pd.concat(full, ignore_index=True) if len(full) > 1 else (full or dfs)[0]
-        out["requests"] = out["requests"].sort_values("rid", kind="stable").reset_index(drop=True)
+        req = out["requests"]
+        if not req["rid"].is_monotonic_increasing:
+            out["requests"] = req.sort_values("rid", kind="stable").reset_index(drop=True)
         if self.storage is not None:
             from sim.storage import STORAGE_CALL_COLUMNS
 
@@ -248,6 +258,69 @@ class Engine:
         return float(env.now)
 
 
+class SimReqSource(Sequence[SimReq]):
+    r"""The requests of a :class:`~hicache.lifecycle.PagedTrace` as :class:`SimReq`\ s, each
+    built when read (with ``keys`` to build its page keys when first needed). An engine given
+    one builds each request when it arrives (open loop), so the requests in memory are the
+    live ones, not the whole trace."""
+
+    def __init__(self, paged: PagedTrace, keys: Callable[[int], PageKey]) -> None:
+        self.paged = paged
+        self.keys = keys
+
+    def __len__(self) -> int:
+        return len(self.paged)
+
+    @typing.overload
+    def __getitem__(self, i: int) -> SimReq: ...
+
+    @typing.overload
+    def __getitem__(self, i: slice) -> list[SimReq]: ...
+
+    def __getitem__(self, i: int | slice) -> SimReq | list[SimReq]:
+        if isinstance(i, slice):
+            return [SimReq(r, keys=self.keys) for r in self.paged[i]]
+        return SimReq(self.paged[i], keys=self.keys)
+
+
+class _Arrivals:
+    """Open-loop arrivals from a :class:`SimReqSource` in (arrival, rid) order, read like the
+    engine's deque (``[0]``, ``popleft``, truth): a request is built when it is first looked at
+    and let go when taken."""
+
+    def __init__(self, source: SimReqSource) -> None:
+        self._source = source
+        times = source.paged.arrivals
+        n = len(times)
+        in_order = all(times[i] <= times[i + 1] for i in range(n - 1))
+        # a stable sort by time keeps equal times in rid (= index) order, as the deque's key
+        order = range(n) if in_order else sorted(range(n), key=times.__getitem__)
+        self._order: Sequence[int] = order
+        self._next = 0
+        self._head: SimReq | None = None
+
+    def __bool__(self) -> bool:
+        return self._next < len(self._order)
+
+    def __len__(self) -> int:
+        return len(self._order) - self._next
+
+    def __getitem__(self, i: int) -> SimReq:
+        if i != 0:
+            raise IndexError("only the next arrival can be read")
+        if self._head is None:
+            if not self:
+                raise IndexError("no arrivals left")
+            self._head = self._source[self._order[self._next]]
+        return self._head
+
+    def popleft(self) -> SimReq:
+        head = self[0]
+        self._head = None
+        self._next += 1
+        return head
+
+
 class _Discard(list[Any]):
     """A list that keeps nothing appended to it (compute spans nobody will read)."""
 
@@ -284,7 +357,7 @@ def resolve_closed_loop(mode: str, trace: Trace, n_used: int) -> bool:
     think times, and its timestamps are the arrival process to replay."""
     if mode != "auto":
         return mode in (True, "true", "on")
-    return any(r.think_time_ms is not None for r in trace.requests[:n_used])
+    return any(r.think_time_ms is not None for r in itertools.islice(trace.requests, n_used))
 
 
 def run_simulation(
@@ -298,11 +371,12 @@ def run_simulation(
     costs = build_costs(cfg)
     ps = cfg.cache.page_size
     # keys are built when a request first needs them and dropped at its finish
-    paged = paged_requests(
-        trace, ps, rate_scale=cfg.workload.rate_scale, limit=cfg.workload.max_requests, keys=False
+    # each request is built when it arrives and freed once finished and recorded; its keys
+    # are built when it first needs them and dropped at its finish
+    paged = PagedTrace(
+        trace, ps, rate_scale=cfg.workload.rate_scale, limit=cfg.workload.max_requests
     )
-    keys = page_keys(trace, ps)
-    reqs = [SimReq(r, keys=keys) for r in paged]
+    reqs = SimReqSource(paged, page_keys(trace, ps))
     closed_loop = resolve_closed_loop(cfg.workload.closed_loop, trace, len(paged))
     sp = cfg.scheduler
     engine = Engine(
@@ -326,8 +400,9 @@ def run_simulation(
         storage=StorageSetup.from_config(cfg, costs.bytes_per_page),
         record_spans=cfg.run.chrome_trace and out_dir is not None,
     )
+    del reqs, paged
     duration = engine.run()
-    frames = engine.frames()
+    frames = engine.frames(take=True)
     summary = summarize(frames, duration, time.perf_counter() - t0)
     summary.update(storage_summary(engine, frames))
     if cfg.cluster.instances > 1:

@@ -137,24 +137,31 @@ class RowTable(Sequence[R], Generic[R]):
 
     __hash__ = None  # type: ignore[assignment]
 
-    def columns(self) -> dict[str, Any]:
-        """Each field's values as a numpy array (numbers) or a list (other fields)."""
+    def columns(self, *, take: bool = False) -> dict[str, Any]:
+        """Each field's values as a numpy array (numbers) or a list (other fields). ``take``:
+        empty the table as it goes, each column freed once copied (a long run's tables are
+        not held twice while its DataFrames are built)."""
         import numpy as np
 
-        return {
-            f: np.array(col) if isinstance(col, array) else list(col)
-            for f, col in zip(self.fields, self._cols, strict=True)
-        }
+        out: dict[str, Any] = {}
+        for i, (f, col) in enumerate(zip(self.fields, self._cols, strict=True)):
+            out[f] = np.array(col) if isinstance(col, array) else list(col)
+            if take:
+                self._cols[i] = array(col.typecode) if isinstance(col, array) else []
+        if take:
+            self._n = 0
+        return out
 
 
-def request_frame(rows: Sequence[RequestRow]) -> Any:
+def request_frame(rows: Sequence[RequestRow], *, take: bool = False) -> Any:
     """The ``requests`` table: the rows, the derived columns computed once, in
-    ``REQUEST_COLUMNS`` order."""
+    ``REQUEST_COLUMNS`` order. ``take``: empty ``rows`` (a `RowTable`) while building."""
     import numpy as np
     import pandas as pd
 
     if isinstance(rows, RowTable):
-        df = pd.DataFrame(rows.columns(), columns=list(RequestRow._fields))
+        # copy=False: the fresh column arrays become the frame's own (no second copy)
+        df = pd.DataFrame(rows.columns(take=take), columns=list(RequestRow._fields), copy=False)
     else:
         df = pd.DataFrame(rows, columns=list(RequestRow._fields))
     done = df["finish_s"].to_numpy() >= 0
@@ -172,7 +179,7 @@ def request_frame(rows: Sequence[RequestRow]) -> Any:
         "queue_s": np.where(done, df["admitted_s"].to_numpy(dtype=float) - arrival, nan),
     }
     columns = {**{c: df[c] for c in RequestRow._fields}, **derived}
-    return pd.DataFrame({c: columns[c] for c in REQUEST_COLUMNS})
+    return pd.DataFrame({c: columns[c] for c in REQUEST_COLUMNS}, copy=False)
 
 
 @dataclass
@@ -211,13 +218,16 @@ class Recorder:
             self._stride *= 2
 
     # --------------------------------------------------------------------------- outputs --
-    def frames(self) -> dict[str, Any]:
+    def frames(self, *, take: bool = False) -> dict[str, Any]:
+        """The tables as DataFrames. ``take``: hand the rows over (the recorder is empty
+        afterwards; a run's last call, so that its rows are not held twice)."""
         import pandas as pd
 
+        transfers = self.transfers.columns(take=take)
         return {
-            "requests": request_frame(self.requests),
+            "requests": request_frame(self.requests, take=take),
             "timeline": pd.DataFrame(self.timeline, columns=list(TIMELINE_COLUMNS)),
-            "transfers": pd.DataFrame(self.transfers.columns(), columns=list(TRANSFER_COLUMNS)),
+            "transfers": pd.DataFrame(transfers, columns=list(TRANSFER_COLUMNS), copy=False),
         }
 
 

@@ -139,7 +139,8 @@ def read_csv_trace(
         raise ValueError(f"block_size must be >= 1, got {block_size}")
     flavour = flavour or sniff_csv(path)
     columns = VIDUR_COLUMNS if flavour == "vidur" else AZURE_COLUMNS
-    trace = Trace(requests=[], path=path)
+    requests: list[Request] = []
+    trace = Trace(requests=requests, path=path)
     rows = list(_csv_rows(path, columns, trace, lenient))
     if not rows:
         if trace.skipped:
@@ -159,7 +160,7 @@ def read_csv_trace(
             hash_ids=list(range(next_id, next_id + n_blocks)),
         )
         next_id += n_blocks
-        trace.requests.append(req)
+        requests.append(req)
 
     trace.header = TraceHeader(
         block_size=block_size,

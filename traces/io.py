@@ -17,6 +17,7 @@ from pathlib import Path
 from traces.formats import PARQUET_HEADER_KEY, FileKind, file_kind
 from traces.reader import MAX_SKIPPED_EXAMPLES, TraceReader
 from traces.schema import Trace
+from traces.store import RequestColumns
 from traces.writer import write_trace
 
 __all__ = [
@@ -52,10 +53,12 @@ def read_trace(path: str | Path, *, lenient: bool = False) -> Trace:
     A JSONL file without a header line (any Mooncake trace) gets the default header,
     block_size 512. Strict reads raise `TraceError` on the first bad line; lenient reads skip
     bad lines, record them on the returned `Trace` (`skipped`, `skipped_by_field`,
-    `skipped_examples`) and issue one `TraceSkipWarning`.
+    `skipped_examples`) and issue one `TraceSkipWarning`. The requests are held column by
+    column (`traces.store.RequestColumns`, about 0.3 KB per Mooncake request instead of 1.1 KB
+    as `Request` objects).
     """
     with TraceReader(path, lenient=lenient) as reader:
-        requests = list(reader)
+        requests = RequestColumns(reader)
     trace = Trace(
         requests=requests,
         header=reader.header,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, overload
@@ -184,11 +184,14 @@ def parse_header(obj: Mapping[str, Any], *, path: str | Path, line: int = 1) -> 
 class Trace:
     """A whole trace in memory: header plus requests in file order.
 
+    `requests` is any sequence of `Request`: `read_trace` gives a compact
+    `traces.store.RequestColumns` (each read builds a fresh `Request`), generators a list.
+
     `skipped` counts lines dropped by a lenient read; `skipped_by_field` counts them per
     offending field and `skipped_examples` keeps the first few errors verbatim.
     """
 
-    requests: list[Request]
+    requests: Sequence[Request]
     header: TraceHeader = field(default_factory=TraceHeader)
     path: Path | None = None
     skipped: int = 0
@@ -213,6 +216,8 @@ class Trace:
     def __getitem__(self, index: slice) -> list[Request]: ...
 
     def __getitem__(self, index: int | slice) -> Request | list[Request]:
+        if isinstance(index, slice):
+            return list(self.requests[index])
         return self.requests[index]
 
     def skip_summary(self) -> str:

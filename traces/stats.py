@@ -52,7 +52,7 @@ def _summary(values: list[int]) -> dict[str, Any]:
 
 def _requests_and_block_size(
     trace: Trace | Iterable[Request], block_size: int | None
-) -> tuple[list[Request], int]:
+) -> tuple[Sequence[Request], int]:
     if isinstance(trace, Trace):
         return trace.requests, block_size if block_size is not None else trace.block_size
     return list(trace), block_size if block_size is not None else DEFAULT_BLOCK_SIZE
@@ -84,7 +84,7 @@ def infinite_capacity_hit_rate(
     return cached / total if total else 0.0
 
 
-def _symbol_walk(requests: list[Request], page_size: int, block_size: int) -> tuple[int, int]:
+def _symbol_walk(requests: Sequence[Request], page_size: int, block_size: int) -> tuple[int, int]:
     """The definition of `infinite_capacity_hit_rate`, literally: a trie over page symbols."""
     trie: dict[tuple[int, Any], int] = {}
     cached = 0
@@ -109,7 +109,7 @@ def _symbol_walk(requests: list[Request], page_size: int, block_size: int) -> tu
 
 
 def _hash_walk(
-    requests: list[Request], page_size: int, block_size: int
+    requests: Sequence[Request], page_size: int, block_size: int
 ) -> tuple[int, int, list[int]]:
     """Block-level equivalent of `_symbol_walk` for hash-id requests.
 
@@ -159,7 +159,7 @@ def _hash_walk(
     return cached, total, accesses
 
 
-def _token_block_accesses(requests: list[Request], block_size: int) -> list[int]:
+def _token_block_accesses(requests: Sequence[Request], block_size: int) -> list[int]:
     """Block nodes (distinct block prefixes) referenced by token-id requests, in order;
     the partial last block is a block of its own content."""
     node_id: dict[tuple[int, tuple[int, ...]], int] = {}
@@ -222,7 +222,7 @@ def trace_stats(
 # -- sections of trace_stats --------------------------------------------------------------
 
 
-def _time_stats(requests: list[Request]) -> dict[str, Any]:
+def _time_stats(requests: Sequence[Request]) -> dict[str, Any]:
     first = requests[0].timestamp
     last = requests[-1].timestamp
     span_ms = last - first
@@ -236,7 +236,7 @@ def _time_stats(requests: list[Request]) -> dict[str, Any]:
 
 
 def _prefix_walks(
-    requests: list[Request], page_sizes: list[int], block_size: int, hash_trace: bool
+    requests: Sequence[Request], page_sizes: list[int], block_size: int, hash_trace: bool
 ) -> tuple[dict[str, float], list[int]]:
     """Infinite-capacity hit ratio per page size (keyed by str(page size)), and the block
     node of every block reference in trace order."""
@@ -275,7 +275,7 @@ def _reuse_distance_stats(accesses: list[int]) -> dict[str, Any]:
     return rd
 
 
-def _session_stats(requests: list[Request]) -> dict[str, Any]:
+def _session_stats(requests: Sequence[Request]) -> dict[str, Any]:
     sessions: dict[str, int] = {}
     think: list[float] = []
     for r in requests:

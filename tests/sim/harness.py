@@ -61,7 +61,7 @@ def req(
     return SimReq(PagedRequest(key, prompt, outputs, rid=rid, arrival_s=arrival))
 
 
-def engine(reqs: list[SimReq], **kw: Any) -> Engine:
+def engine(reqs: Sequence[SimReq], **kw: Any) -> Engine:
     """An Engine over ``reqs``: page 16, 16K device tokens, 64K host tokens, write_through, LRU,
     the default hand-made costs and SchedulerParams, unless overridden."""
     ps = kw.pop("page_size", 16)
