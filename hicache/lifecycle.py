@@ -428,11 +428,18 @@ def cache_unfinished_req(cache: HiRadixCache, req: ReqKV, chunked: bool = False)
     """Insert the request's full pages so far, free its duplicates, and re-pin the new path."""
     n = len(req.key)
     key = req.key if isinstance(req.key, PageKey) else PageKey(req.key)
+    done = req.protected_pages
+    # the next chunk of a chunked request: its locked path is walked without comparing keys
+    # (the same decisions and clock values; insert_locked) instead of from the root each time
+    path = cache.locked_path(req.last_node, done, key) if chunked and done else None
     # insert reads only the first n pages of the value it is given: no slice copy needed
-    prefix_pages = cache.insert(key, req.kv, chunked=chunked) // cache.page_size
+    if path is None:
+        prefix_pages = cache.insert(key, req.kv, chunked=chunked) // cache.page_size
+    else:
+        prefix_pages = cache.insert_locked(path, done, key, req.kv) // cache.page_size
     if prefix_pages > req.protected_pages:
         cache.controller.free_device(req.kv[req.protected_pages : prefix_pages])
-    m = cache.match_prefix(key)
+    m = cache.match_prefix(key) if path is None else cache.rematch_locked(path, done, key)
     if m.device_pages != n:
         raise AssertionError("cache_unfinished_req: re-match did not cover the inserted key")
     # the tree's pages now back the whole key: below protected_pages they already were the

@@ -29,6 +29,7 @@ from hicache.config import SchedulerConfig
 from hicache.latency import layer_pipeline_end
 from hicache.lifecycle import NO_KEY, KVLifecycle, PagedRequest, ReqKV
 from hicache.policy import HiRadixCache, PageKey
+from hicache.policy.radix import PrefixKey
 from hicache.policy.storage import PrefetchOp
 from sim.admission import Gate, PrefillBudget
 from sim.link import Job
@@ -401,7 +402,7 @@ class Scheduler(Prefetching):
             assert req.kv is not None
             full = req.filled // ps
             if req.filled < req.fill_len:  # an intermediate chunk
-                req.kv.key = PageKey(self._fill_key(req)[:full])
+                req.kv.key = PrefixKey(self._fill_key(req), full)
                 life.after_prefill(req.kv, chunked=True)
                 continue
             req.kv_tokens = req.filled

@@ -366,12 +366,22 @@ class HiRadixCache(Shortcuts, StorageTier):
         root = self.root
         if not pkey or (limit is not None and limit < self.page_size):
             return MatchResult([], 0, root, root, 0, self.page_size)
-        segments: list[list[int]] = []
-        dev_pages = 0
-        node = root
-        self._touch(node)
-        off = 0
+        self._touch(root)
         n = len(pkey) if limit is None else min(len(pkey), limit // self.page_size)
+        return self._match_from(root, 0, n, pkey, [], extra_key)
+
+    def _match_from(
+        self,
+        node: TreeNode,
+        off: int,
+        n: int,
+        pkey: tuple[Any, ...],
+        segments: list[list[int]],
+        extra_key: str | None = None,
+    ) -> MatchResult:
+        """The walk of :meth:`match_prefix` over ``pkey[:n]`` from ``node``, whose path holds
+        ``pkey[:off]`` on device (already walked and touched; ``segments`` its page lists)."""
+        dev_pages = off
         src = key_source(pkey)
         leaves, host_leaves = self.evictable_leaves, self.evictable_host_leaves
         while off < n:
@@ -489,9 +499,22 @@ class HiRadixCache(Shortcuts, StorageTier):
         n = len(pkey)
         if len(value) < n:
             raise ValueError(f"insert: {len(value)} pages given for a key of {n} pages")
-        node = self.root
-        off = 0
-        total = 0
+        return self._insert_from(self.root, 0, pkey, value, chunked, priority, extra_key)
+
+    def _insert_from(
+        self,
+        node: TreeNode,
+        off: int,
+        pkey: tuple[Any, ...],
+        value: Sequence[int],
+        chunked: bool,
+        priority: int,
+        extra_key: str | None,
+    ) -> int:
+        """The walk of :meth:`insert` from ``node``, whose path holds ``pkey[:off]`` on device
+        (already walked: those ``off`` pages count as prefix)."""
+        n = len(pkey)
+        total = off
         src = key_source(pkey)
         leaves, host_leaves = self.evictable_leaves, self.evictable_host_leaves
         while off < n:
@@ -511,7 +534,13 @@ class HiRadixCache(Shortcuts, StorageTier):
                 node.priority = priority
             ck = node.key
             memo = node._kmemo
-            if memo is not None and memo[1] is src and memo[2] == off and memo[0] is ck:
+            if (
+                memo is not None
+                and memo[1] is src
+                and memo[2] == off
+                and memo[0] is ck
+                and off + len(ck) <= n  # a PrefixKey's source is longer than the key
+            ):
                 p = len(ck)  # cut from this very key at this offset (see match_prefix)
             else:
                 p = match_len(ck, pkey, off)

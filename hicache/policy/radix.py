@@ -46,15 +46,39 @@ class ExtendedPageKey(PageKey):
         return (PageKey, (tuple(self),))
 
 
+class PrefixKey(PageKey):
+    """The first ``n`` pages of ``base`` as one :class:`PageKey` that remembers ``base``.
+
+    What a chunked request's key is after each chunk: nodes cut from one chunk's key are
+    recorded against ``base`` (:func:`key_source`), so the next chunk's key, a longer prefix of
+    the same ``base``, is known to match them without comparing. Pickles as a plain
+    :class:`PageKey`.
+    """
+
+    base: PageKey
+
+    def __new__(cls, base: PageKey, n: int) -> PrefixKey:
+        self = super().__new__(cls, base[:n])
+        self.base = base
+        return self
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (PageKey, (tuple(self),))
+
+
 def key_source(pkey: tuple[Hashable, ...]) -> tuple[Hashable, ...] | None:
     """The persistent key that node keys cut from ``pkey`` are recorded against (``key_memo``):
-    ``pkey`` itself for a :class:`PageKey`, the ``base`` of an :class:`ExtendedPageKey`, and
-    None for anything else (a key converted on the fly is not worth keeping alive)."""
+    ``pkey`` itself for a :class:`PageKey`, the ``base`` of an :class:`ExtendedPageKey`, the
+    source of a :class:`PrefixKey`'s ``base``, and None for anything else (a key converted on
+    the fly is not worth keeping alive). A source may be longer than ``pkey`` (a prefix's):
+    a memo hit counts only where ``pkey`` reaches."""
     t = type(pkey)
     if t is PageKey:
         return pkey
     if t is ExtendedPageKey:
         return pkey.base  # type: ignore[attr-defined, no-any-return]
+    if t is PrefixKey:
+        return key_source(pkey.base)  # type: ignore[attr-defined]
     return None
 
 

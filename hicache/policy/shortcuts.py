@@ -1,15 +1,19 @@
 """What :class:`~hicache.policy.hiradix.HiRadixCache` has that SGLang's class has not: a
-read-only peek at a key's cached tiers (for routers) and a one-walk lock move (for chunked
-prefill). Kept apart so that ``hiradix.py`` reads beside SGLang's ``HiRadixCache`` method by
+read-only peek at a key's cached tiers (for routers), and for chunked prefill a one-walk lock
+move and a chunk's insert and re-match that compare no key above the request's locked node.
+Kept apart so that ``hiradix.py`` reads beside SGLang's ``HiRadixCache`` method by
 method. Standard library only.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hicache.policy.radix import TreeNode, child_key, match_len, to_page_key
+from hicache.policy.radix import TreeNode, child_key, key_source, match_len, to_page_key
+
+if TYPE_CHECKING:
+    from hicache.policy.hiradix import CacheStats, MatchResult
 
 
 class Shortcuts:
@@ -21,11 +25,41 @@ class Shortcuts:
     evictable_host_leaves: set[TreeNode]
     _evictable_pages: int
     _protected_pages: int
+    _clock: int
+    _dirty: set[TreeNode]
+    _host_dirty: set[TreeNode]
+    stats: CacheStats
 
     def dec_lock_ref(self, node: TreeNode) -> int:
         raise NotImplementedError
 
     def inc_lock_ref(self, node: TreeNode) -> int:
+        raise NotImplementedError
+
+    def _touch(self, n: TreeNode) -> None:
+        raise NotImplementedError
+
+    def _insert_from(
+        self,
+        node: TreeNode,
+        off: int,
+        pkey: tuple[Any, ...],
+        value: Sequence[int],
+        chunked: bool,
+        priority: int,
+        extra_key: str | None,
+    ) -> int:
+        raise NotImplementedError
+
+    def _match_from(
+        self,
+        node: TreeNode,
+        off: int,
+        n: int,
+        pkey: tuple[Any, ...],
+        segments: list[list[int]],
+        extra_key: str | None = None,
+    ) -> MatchResult:
         raise NotImplementedError
 
     def move_lock_ref(self, old: TreeNode, new: TreeNode) -> None:
@@ -85,3 +119,85 @@ class Shortcuts:
                 break
             node, off = child, off + p
         return dev * self.page_size, host * self.page_size
+
+    # ------------------------------------------------------------- a chunk of a locked path --
+    def locked_path(
+        self, last: TreeNode, done: int, pkey: tuple[Any, ...]
+    ) -> list[TreeNode] | None:
+        """The nodes from the root (excluded) down to ``last`` when they hold exactly
+        ``pkey[:done]`` on device, locked, without extra keys: the path a chunked request holds
+        between chunks. ``None`` otherwise. Changes nothing but the key memo (a cache)."""
+        path: list[TreeNode] = []
+        root = self.root
+        node = last
+        while node is not root:
+            if node.value is None or node.lock_ref <= 0 or node.extra_key is not None:
+                return None
+            path.append(node)
+            parent = node.parent
+            assert parent is not None
+            node = parent
+        path.reverse()
+        src = key_source(pkey)
+        off = 0
+        for node in path:
+            ck = node.key
+            end = off + len(ck)
+            if end > done:
+                return None
+            memo = node._kmemo
+            if memo is None or memo[1] is not src or memo[2] != off or memo[0] is not ck:
+                if match_len(ck, pkey, off) != len(ck):
+                    return None
+                if src is not None and end <= len(src):
+                    node._kmemo = (ck, src, off)  # as insert and match_prefix remember it
+            off = end
+        return path if off == done else None
+
+    def insert_locked(
+        self, path: list[TreeNode], done: int, pkey: tuple[Any, ...], value: Sequence[int]
+    ) -> int:
+        """``insert(pkey, value, chunked=True)`` when ``path`` is :meth:`locked_path` of the
+        caller's last node for ``pkey[:done]`` (``done`` > 0).
+
+        Not in SGLang: the same end state, clock values and return. Above the caller's node
+        the walk only touches: every node there is on device, locked and equal to the key
+        (checked by :meth:`locked_path`), so it can be neither split, adopted nor counted (a
+        chunked insert counts no hit). Below it, the insert's own walk."""
+        self.stats.insert_calls += 1
+        if len(value) < len(pkey):
+            raise ValueError(f"insert: {len(value)} pages given for a key of {len(pkey)} pages")
+        leaves, host_leaves = self.evictable_leaves, self.evictable_host_leaves
+        clock = self._clock
+        for node in path:
+            clock += 1
+            node.last_access_time = clock
+            if node in leaves:
+                self._dirty.add(node)
+            elif node in host_leaves:
+                self._host_dirty.add(node)
+            if node.priority < 0:  # insert's priority 0 raises a lower one
+                node.priority = 0
+        self._clock = clock
+        return self._insert_from(path[-1], done, pkey, value, True, 0, None)
+
+    def rematch_locked(self, path: list[TreeNode], done: int, pkey: tuple[Any, ...]) -> MatchResult:
+        """``match_prefix(pkey)`` right after :meth:`insert_locked` of the same ``path``,
+        ``done`` and key (the tree above ``path[-1]`` unchanged since). Not in SGLang: the same
+        result, end state and clock values; above ``path[-1]`` the walk only touches."""
+        self.stats.match_calls += 1
+        self._touch(self.root)
+        leaves, host_leaves = self.evictable_leaves, self.evictable_host_leaves
+        clock = self._clock
+        segments: list[list[int]] = []
+        for node in path:
+            clock += 1
+            node.last_access_time = clock
+            if node in leaves:
+                self._dirty.add(node)
+            elif node in host_leaves:
+                self._host_dirty.add(node)
+            assert node.value is not None
+            segments.append(node.value)
+        self._clock = clock
+        return self._match_from(path[-1], done, len(pkey), pkey, segments)

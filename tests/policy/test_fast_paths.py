@@ -253,3 +253,110 @@ def test_move_lock_ref_equals_dec_then_inc() -> None:
             cache.check_invariants()
             states.append((_lock_state(cache), _tree_state(cache)))
         assert states[0] == states[1], step
+
+
+def _chunk_state(cache: HiRadixCache) -> tuple[object, ...]:
+    return (
+        _tree_state(cache),
+        tuple(n.priority for n in cache.iter_nodes()),
+        cache.now(),
+        cache.stats.insert_calls,
+        cache.stats.match_calls,
+        sorted(n.id for n in cache.evictable_leaves),
+        sorted(n.id for n in cache.evictable_host_leaves),
+        sorted(n.id for n in cache._dirty),
+        sorted(n.id for n in cache._host_dirty),
+        cache.evictable_size(),
+        cache.protected_size(),
+        cache.controller.device.free_pages_snapshot(),
+    )
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_chunked_prefill_shortcut_decides_as_the_plain_walk(seed: int) -> None:
+    """Chunked requests prefilled a few pages at a time among others that match, insert, split
+    their paths, evict and finish. One cache takes the chunk shortcut (``locked_path``,
+    ``insert_locked``, ``rematch_locked``, keys as ``PrefixKey``s that hit the key memo); the
+    other the plain insert and match_prefix with fresh keys. Trees, clocks, locks, leaf sets,
+    statistics and free lists must agree after every step."""
+    from hicache.lifecycle import ReqKV, cache_finished_req, cache_unfinished_req
+    from hicache.policy.radix import PrefixKey
+
+    rng = random.Random(seed)
+    caches = [HiRadixCache(ManualController(PageAllocator(700, 1), PageAllocator(1600, 1, "host")))
+              for _ in range(2)]  # fmt: skip
+    plain = caches[1]
+    plain.locked_path = lambda *_args: None  # type: ignore[method-assignment]
+    lives = [KVLifecycle(c) for c in caches]
+    stems = [PageKey(rng.randint(1, 4) for _ in range(rng.randint(5, 40))) for _ in range(6)]
+    live: list[list[tuple[ReqKV, PageKey, int]]] = [[], []]
+    shortcut_taken = 0
+    for step in range(700):
+        op = rng.random()
+        if op < 0.25 or not live[0]:  # a new request: a shared stem and its own tail
+            stem = rng.choice(stems)
+            base = PageKey((*stem[: rng.randint(0, len(stem))],
+                            *(rng.randint(1, 30) for _ in range(rng.randint(1, 60)))))  # fmt: skip
+            for life, reqs in zip(lives, live, strict=True):
+                got = life.admit(base, len(base))
+                reqs.append((got.kv, base, got.kv.protected_pages))
+        elif op < 0.75:  # the next chunk of a live request (maybe its last)
+            i = rng.randrange(len(live[0]))
+            chunk = rng.randint(1, 9)
+            for c, (cache, reqs) in enumerate(zip(caches, live, strict=True)):
+                kv, base, done = reqs[i]
+                full = min(len(base), done + chunk)
+                dev = cache.controller.device
+                if dev.free_page_count() < full - len(kv.kv):
+                    cache.evict(full - len(kv.kv))
+                pages = dev.alloc_pages(full - len(kv.kv))
+                if pages is None:
+                    continue  # both caches alike (the states agree)
+                kv.kv += pages
+                kv.key = PrefixKey(base, full) if c == 0 else PageKey(tuple(base[:full]))
+                if c == 0 and cache.locked_path(kv.last_node, kv.protected_pages, kv.key):
+                    shortcut_taken += 1
+                cache_unfinished_req(cache, kv, chunked=True)
+                if full == len(base):  # prefilled: the request finishes
+                    kv.key = base
+                    cache_finished_req(cache, kv)
+                    reqs.pop(i)
+                else:
+                    reqs[i] = (kv, base, full)
+        elif op < 0.8:  # retract one: it starts over from its first chunk, the same base
+            i = rng.randrange(len(live[0]))
+            fill = rng.randint(1, len(live[0][i][1]))
+            for life, reqs in zip(lives, live, strict=True):
+                kv, base, _ = reqs[i]
+                cache_finished_req(life.cache, kv, insert=False)
+                got = life.admit(base, fill)
+                reqs[i] = (got.kv, base, got.kv.protected_pages)
+        elif op < 0.83:  # a low-priority insert over the stems (lowers no priority: raises)
+            stem = rng.choice(stems)
+            key = PageKey((*stem, *(rng.randint(1, 30) for _ in range(rng.randint(0, 5)))))
+            for cache in caches:
+                dev = cache.controller.device
+                if dev.free_page_count() < len(key):
+                    cache.evict(len(key))
+                pages = dev.alloc_pages(len(key))
+                if pages is not None:
+                    dev.free(pages[: cache.insert(key, pages, priority=-1)])
+        elif op < 0.88:
+            n = rng.randint(1, 80)
+            for cache in caches:
+                cache.evict(n)
+        elif op < 0.92:
+            n = rng.randint(1, 80)
+            for cache in caches:
+                cache.evict_host(n)
+        else:
+            for cache in caches:
+                ctrl = cache.controller
+                assert isinstance(ctrl, ManualController)
+                ctrl.complete_all()
+                cache.writing_check()
+                cache.loading_check()
+        for cache in caches:
+            cache.check_invariants()
+        assert _chunk_state(caches[0]) == _chunk_state(caches[1]), step
+    assert shortcut_taken > 100  # the shortcut was exercised, not skipped
