@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from hicache.policy.controller import BaseController
 from hicache.policy.hiradix import HiRadixCache, MatchResult
-from hicache.policy.radix import ExtendedPageKey, PageKey, TreeNode
+from hicache.policy.radix import ExtendedPageKey, PageKey, TreeNode, key_source
 
 if TYPE_CHECKING:
     from traces.schema import Request, Trace
@@ -234,6 +234,12 @@ class ReqKV:
     kv: list[int]
     last_node: TreeNode
     protected_pages: int = 0
+    # between chunks of a chunked prefill: the nodes from the root to last_node, the cache's
+    # split count when they were recorded (unchanged: no node was split since, so they are
+    # still the whole path) and the key source their keys were checked against
+    path: list[TreeNode] | None = None
+    path_splits: int = -1
+    path_src: object = None
 
 
 @dataclass(slots=True)
@@ -430,13 +436,28 @@ def cache_unfinished_req(cache: HiRadixCache, req: ReqKV, chunked: bool = False)
     key = req.key if isinstance(req.key, PageKey) else PageKey(req.key)
     done = req.protected_pages
     # the next chunk of a chunked request: its locked path is walked without comparing keys
-    # (the same decisions and clock values; insert_locked) instead of from the root each time
-    path = cache.locked_path(req.last_node, done, key) if chunked and done else None
+    # (the same decisions and clock values: insert_locked, rematch_locked) instead of from
+    # the root each time; the path is kept from chunk to chunk while no node is split
+    src = key_source(key)
+    path, walked = None, False
+    if chunked and done:
+        path = req.path
+        walked = (
+            path is not None
+            and req.path_splits == cache.splits
+            and path[-1] is req.last_node
+            and src is not None
+            and req.path_src is src
+        )
+        if not walked:
+            path = cache.locked_path(req.last_node, done, key)
+    req.path = None
     # insert reads only the first n pages of the value it is given: no slice copy needed
     if path is None:
         prefix_pages = cache.insert(key, req.kv, chunked=chunked) // cache.page_size
     else:
-        prefix_pages = cache.insert_locked(path, done, key, req.kv) // cache.page_size
+        prefix_pages = cache.insert_locked(path, done, key, req.kv, walked=walked)
+        prefix_pages //= cache.page_size
     if prefix_pages > req.protected_pages:
         cache.controller.free_device(req.kv[req.protected_pages : prefix_pages])
     m = cache.match_prefix(key) if path is None else cache.rematch_locked(path, done, key)
@@ -450,6 +471,15 @@ def cache_unfinished_req(cache: HiRadixCache, req: ReqKV, chunked: bool = False)
             req.protected_pages, prefix_pages
         )
     cache.move_lock_ref(req.last_node, m.last_device_node)  # dec_lock_ref(old); inc(new)
+    if path is not None and src is not None:  # the path to the new last node, for the next chunk
+        below: list[TreeNode] = []
+        node: TreeNode | None = m.last_device_node
+        while node is not None and node is not path[-1]:
+            below.append(node)
+            node = node.parent
+        if node is not None:
+            below.reverse()
+            req.path, req.path_splits, req.path_src = path + below, cache.splits, src
     req.last_node = m.last_device_node
     req.protected_pages = n
 

@@ -4,6 +4,7 @@ by :class:`sim.scheduler.Scheduler`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from hicache.policy import HiRadixCache
@@ -17,12 +18,28 @@ class PrefillBudget:
     tokens less the running requests' reservations and this batch's), ``rem_input``
     (``max_prefill_tokens``) and ``rem_chunk`` (``chunked_prefill_size``)."""
 
-    __slots__ = ("cache", "chunking", "clip", "dev", "offset", "rem_chunk", "rem_input", "reserved")
+    __slots__ = (
+        "_reserve",
+        "cache",
+        "chunking",
+        "clip",
+        "dev",
+        "offset",
+        "rem_chunk",
+        "rem_input",
+        "reserved",
+    )
 
-    def __init__(self, cache: HiRadixCache, p: SchedulerParams, reserved: float) -> None:
+    def __init__(
+        self, cache: HiRadixCache, p: SchedulerParams, reserve: Callable[[], float]
+    ) -> None:
+        """``reserve()``: the running requests' remaining outputs x ``new_token_ratio`` (a sum
+        over the batch), asked once, when ``rem_total`` is first read: a batch that stops
+        before reading it (a chunk that fills the budget) does not pay for it."""
         self.cache = cache
         self.dev = cache.controller.device
-        self.reserved = reserved  # the running requests' remaining outputs x new_token_ratio
+        self._reserve = reserve
+        self.reserved: float | None = None
         self.offset = 0.0  # what this batch's admissions reserved so far
         self.rem_input = p.max_prefill_tokens
         self.chunking = p.chunked_prefill_size > 0
@@ -31,7 +48,10 @@ class PrefillBudget:
 
     def rem_total(self) -> float:
         # recomputed each time, as PrefillAdder's property: locks and loads change it
-        return self.dev.available_size() + self.cache.evictable_size() - self.reserved - self.offset
+        reserved = self.reserved
+        if reserved is None:
+            reserved = self.reserved = self._reserve()
+        return self.dev.available_size() + self.cache.evictable_size() - reserved - self.offset
 
     def new_tokens(self, req: SimReq) -> int:
         """Output tokens a request may still need, clipped (``clip_max_new_tokens``)."""

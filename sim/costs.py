@@ -18,6 +18,9 @@ if TYPE_CHECKING:
     from hicache.config import SimConfig
 
 
+PREFILL_MEMO_MAX = 1 << 14  # one-request prefill passes remembered (Costs.prefill_time)
+
+
 @dataclass(frozen=True)
 class Costs:
     """The latency model of one run (``sim.scheduler.CostModel`` and the controller's copies).
@@ -41,6 +44,7 @@ class Costs:
     layout: str = "layer_first"
     kv_parts: int = 1
     _decode_memo: dict[int, tuple[float, float]] = field(default_factory=dict, repr=False)
+    _prefill_memo: dict[tuple[int, int], float] = field(default_factory=dict, repr=False)
 
     @property
     def eta_d2h(self) -> float:
@@ -66,7 +70,20 @@ class Costs:
         return latency.op_time(link, charges)
 
     def prefill_time(self, reqs: list[tuple[int, int]]) -> float:
-        return self.prefill_fn(reqs)
+        """Seconds of one prefill pass (``reqs``: new and cached tokens per request). A pass of
+        one request is memoized (``prefill_fn`` is a pure function of its argument): chunked
+        prefill repeats the same (chunk, prefix) passes across requests. The memo is cleared
+        when it holds ``PREFILL_MEMO_MAX`` entries, so it stays small on any trace."""
+        if len(reqs) != 1:
+            return self.prefill_fn(reqs)
+        memo = self._prefill_memo
+        key = reqs[0]
+        got = memo.get(key)
+        if got is None:
+            if len(memo) >= PREFILL_MEMO_MAX:
+                memo.clear()
+            got = memo[key] = self.prefill_fn(reqs)
+        return got
 
     def decode_coeffs(self, batch_size: int) -> tuple[float, float]:
         """(a, b) of a decode step ``a + b * kv_tokens`` for this batch size (memoized: the

@@ -246,15 +246,18 @@ class Scheduler(Prefetching):
             return None
         if p.policy == "lpm" and 1 < len(self.waiting) <= p.lpm_max_queue:
             self._sort_lpm()
-        budget = PrefillBudget(self.cache, p, self._reserved())
+        # the reservations are summed when first read: nothing between here and there
+        # changes the running batch or new_token_ratio
+        budget = PrefillBudget(self.cache, p, self._reserved)
         batch: list[tuple[SimReq, int, int]] = []
         if self.chunked is not None:
             self._add_chunked(budget, batch)
         if self.cache.storage is not None:
             self._admit_with_prefetch(budget, batch)
             return batch or None
-        while self.waiting and budget.rem_total() > 0 and budget.rem_input > 0:
-            if budget.rem_chunk <= 0:
+        # rem_chunk first: rem_total() only reads, so the order changes no decision
+        while self.waiting and budget.rem_chunk > 0 and budget.rem_total() > 0:
+            if budget.rem_input <= 0:
                 break
             if p.max_running_requests and len(self.running) + len(batch) >= p.max_running_requests:
                 break

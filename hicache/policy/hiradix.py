@@ -198,6 +198,7 @@ class HiRadixCache(Shortcuts, StorageTier):
     # ------------------------------------------------------------------ state and bookkeeping --
     def _init_tree(self) -> None:
         self._next_node_id = 0
+        self.splits = 0  # nodes split so far (a path recorded since is still whole if unchanged)
         self.root = self._new_node(priority=-(2**63))
         self.root.value = []
         self.root.host_value = []
@@ -436,6 +437,7 @@ class HiRadixCache(Shortcuts, StorageTier):
 
     def _split_node(self, child: TreeNode, split: int) -> TreeNode:
         """Split ``child`` after ``split`` pages; the new upper node is returned."""
+        self.splits += 1
         new = self._new_node(child.priority)
         new.extra_key = child.extra_key
         key = child.key

@@ -155,30 +155,32 @@ class Shortcuts:
         return path if off == done else None
 
     def insert_locked(
-        self, path: list[TreeNode], done: int, pkey: tuple[Any, ...], value: Sequence[int]
+        self,
+        path: list[TreeNode],
+        done: int,
+        pkey: tuple[Any, ...],
+        value: Sequence[int],
+        walked: bool = False,
     ) -> int:
         """``insert(pkey, value, chunked=True)`` when ``path`` is :meth:`locked_path` of the
-        caller's last node for ``pkey[:done]`` (``done`` > 0).
+        caller's last node for ``pkey[:done]`` (``done`` > 0); to be followed by
+        :meth:`rematch_locked` of the same path, as ``cache_unfinished_req`` does.
 
-        Not in SGLang: the same end state, clock values and return. Above the caller's node
-        the walk only touches: every node there is on device, locked and equal to the key
-        (checked by :meth:`locked_path`), so it can be neither split, adopted nor counted (a
-        chunked insert counts no hit). Below it, the insert's own walk."""
+        Not in SGLang: the same end state, clock values and return once the re-match has run.
+        Above the caller's node nothing can happen but touches: every node there is on device,
+        locked and equal to the key (checked by :meth:`locked_path`), so it is neither split,
+        adopted nor counted (a chunked insert counts no hit), and, being locked, no eviction
+        reads its access time, which the re-match sets again right after. So the clock only
+        moves on; insert's priority (0) raises any lower one, unless ``walked``: every node of
+        ``path`` was walked by an insert of this request since it was last split."""
         self.stats.insert_calls += 1
         if len(value) < len(pkey):
             raise ValueError(f"insert: {len(value)} pages given for a key of {len(pkey)} pages")
-        leaves, host_leaves = self.evictable_leaves, self.evictable_host_leaves
-        clock = self._clock
-        for node in path:
-            clock += 1
-            node.last_access_time = clock
-            if node in leaves:
-                self._dirty.add(node)
-            elif node in host_leaves:
-                self._host_dirty.add(node)
-            if node.priority < 0:  # insert's priority 0 raises a lower one
-                node.priority = 0
-        self._clock = clock
+        self._clock += len(path)
+        if not walked:
+            for node in path:
+                if node.priority < 0:
+                    node.priority = 0
         return self._insert_from(path[-1], done, pkey, value, True, 0, None)
 
     def rematch_locked(self, path: list[TreeNode], done: int, pkey: tuple[Any, ...]) -> MatchResult:
