@@ -84,6 +84,8 @@ class Engine:
         if not record_spans:
             for inst in self.instances:
                 inst.sched.spans = _Discard()
+        for inst in self.instances:
+            inst.sched.span_ok = not closed_loop
         self.storage = storage
         self.router = router
         self.reqs: Sequence[SimReq] = reqs  # handed to the arrival plan at run(), then let go

@@ -162,6 +162,9 @@ class Scheduler(Prefetching):
         self.on_finish = on_finish
         self.sample = sample
         self.next_arrival = next_arrival  # the next open-loop arrival time (inf: none)
+        # False where requests may also arrive unannounced (closed-loop turns): decode
+        # segments then run one per timeout (_plan_span)
+        self.span_ok = True
         self.waiting: deque[SimReq] = deque()
         self.running: list[SimReq] = []
         self.chunked: SimReq | None = None
@@ -485,6 +488,17 @@ class Scheduler(Prefetching):
             queued = gate is None
         # with a queue every step re-checks admission: one step, no plan needed
         finish = 1 if queued else min(r.output_length - r.decoded for r in run)
+        # an empty queue, open-loop arrivals, no tier below host: between two segments the
+        # chain only takes boundary pages (nothing else reads the pool or the tree until it
+        # ends), so several segments run under one timeout (_plan_span)
+        span = (
+            chain
+            and self.span_ok
+            and not queued
+            and not blocked
+            and gate is None
+            and cache.storage is None
+        )
         # (steps from now to the request's next page boundary, its index in the batch)
         bounds = [] if queued else [(ps - r.kv_tokens % ps, i) for i, r in enumerate(run)]
         heapq.heapify(bounds)
@@ -502,6 +516,19 @@ class Scheduler(Prefetching):
                 if not self._next_boundary_pages(bounds, done):
                     break
                 skipped += seen
+            if span:
+                segs, cut = self._plan_span(bounds, done, finish, a, b, kv0, bs)
+                yield env.timeout(segs[-1][1] - env.now)
+                for start, end, k in segs:  # what the segments' own calls would leave
+                    self.new_token_ratio = max(
+                        self.min_ratio, self.new_token_ratio - self.ratio_decay * k
+                    )
+                    self.spans.append(("decode", start, end, bs))
+                    done += k
+                self.pending_steps = done
+                if done >= finish or cut or self.waiting or self.chunked is not None:
+                    break  # as after any segment (an arrival may have come meanwhile)
+                continue
             k = 1 if queued else min(finish - done, bounds[0][0] - done)
             step0 = a + b * (kv0 + bs * done)
             start = max(env.now, self.ctrl.take_stall())
@@ -652,6 +679,73 @@ class Scheduler(Prefetching):
             heapq.heappush(bounds, (done + ps, i))
             self._new_page(self.running[i])
         return True
+
+    def _plan_span(
+        self,
+        bounds: list[tuple[int, int]],
+        done: int,
+        finish: int,
+        a: float,
+        b: float,
+        kv0: int,
+        bs: int,
+    ) -> tuple[list[tuple[float, float, int]], bool]:
+        """Consecutive segments of an empty-queue chain after ``done`` steps, as one segment
+        per call would run them: each to the next page boundary or finish, cut before the
+        next arrival, its start and end reached with the same float operations (the end of
+        one is where its timeout from the last lands). Between two of them that call would
+        only take the boundary's pages (taken here, in its order). Stops at a cut, the
+        finish, a boundary whose pages the free pool does not cover, once an arrival may be
+        due, or where one timeout from now would not land exactly. Returns the segments
+        ``(start, end, steps)`` and whether the last was cut."""  # fmt: skip
+        env, ps = self.env, self.p.page_size
+        t0 = env.now
+        start = max(t0, self.ctrl.take_stall())
+        arrival = self.next_arrival()
+        free = self.cache.controller.device.free_page_count()
+        heap = list(bounds)  # a heap already: a copy to walk ahead
+        bb = b * bs
+        segs: list[tuple[float, float, int]] = []
+        t, d, taken, cut = t0, done, 0, False
+        while True:
+            k = min(finish - d, heap[0][0] - d)
+            step0 = a + b * (kv0 + bs * d)
+            budget = arrival - start
+            kk, acc = 1, step0
+            while kk < k and acc + step0 + bb * kk <= budget:
+                acc += step0 + bb * kk
+                kk += 1
+            end = start + (kk * step0 + bb * kk * (kk - 1) / 2)
+            t_next = t + (end - t)  # where that call's timeout lands
+            if segs and t0 + (end - t0) != t_next:
+                break  # one timeout from now would not land there exactly
+            segs.append((start, end, kk))
+            cut = kk < k
+            d += kk
+            # an arrival's own timeout may land an ulp before its nominal time: stop well
+            # before, the loop then checks the queue as it would
+            if cut or d >= finish or t_next >= arrival - 1e-9 * (abs(arrival) + 1.0):
+                break
+            at = 0
+            while heap[0][0] == d:  # the memory check at this boundary
+                step, i = heap[0]
+                heapq.heapreplace(heap, (step + ps, i))
+                at += 1
+            if taken + at > free:
+                break  # short: the loop's own check stops the chain here
+            taken += at
+            start = t = t_next
+        self._take_boundary_pages(bounds, d)
+        return segs, cut
+
+    def _take_boundary_pages(self, bounds: list[tuple[int, int]], end: int) -> None:
+        """The pages of the boundaries before step ``end`` (one per request at each), in the
+        memory checks' order: by step, then batch order (:meth:`_plan_span` saw they fit)."""
+        ps, running = self.p.page_size, self.running
+        while bounds[0][0] < end:
+            step, i = bounds[0]
+            heapq.heapreplace(bounds, (step + ps, i))
+            self._new_page(running[i])
 
     def _retract_one(self) -> None:
         run = self.running
