@@ -702,6 +702,7 @@ class Scheduler(Prefetching):
         t0 = env.now
         start = max(t0, self.ctrl.take_stall())
         arrival = self.next_arrival()
+        near = arrival - 1e-9 * (abs(arrival) + 1.0)
         free = self.cache.controller.device.free_page_count()
         heap = list(bounds)  # a heap already: a copy to walk ahead
         bb = b * bs
@@ -717,14 +718,15 @@ class Scheduler(Prefetching):
                 kk += 1
             end = start + (kk * step0 + bb * kk * (kk - 1) / 2)
             t_next = t + (end - t)  # where that call's timeout lands
-            if segs and t0 + (end - t0) != t_next:
-                break  # one timeout from now would not land there exactly
+            # a later segment joins only if it ends before the next arrival, where a router
+            # may read the steps done so far (an arrival's own timeout may land an ulp before
+            # its nominal time: well before), and one timeout from now lands on its end
+            if segs and (t_next >= near or t0 + (end - t0) != t_next):
+                break
             segs.append((start, end, kk))
             cut = kk < k
             d += kk
-            # an arrival's own timeout may land an ulp before its nominal time: stop well
-            # before, the loop then checks the queue as it would
-            if cut or d >= finish or t_next >= arrival - 1e-9 * (abs(arrival) + 1.0):
+            if cut or d >= finish or t_next >= near:
                 break
             at = 0
             while heap[0][0] == d:  # the memory check at this boundary
