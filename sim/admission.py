@@ -99,10 +99,11 @@ class Gate:
             rs.append(max(self.min_ratio, rs[-1] - self.decay * 1))
         return rs[j]
 
-    def check(self, j: int) -> int:
-        """The loop's attempt after ``j`` more steps: -1 if it may admit (or would match a
-        head whose match cannot be reused): the loop must make it; 0 if it fails without
-        matching; 1 if it fails after matching the head."""
+    def check(self, j: int, taken: int = 0) -> int:
+        """The loop's attempt after ``j`` more steps, ``taken`` device tokens of page
+        boundaries passed on the way allocated by then (not yet now): -1 if it may admit (or
+        would match a head whose match cannot be reused): the loop must make it; 0 if it
+        fails without matching; 1 if it fails after matching the head."""
         if self.cap:
             return 0
         s = self.sched
@@ -111,7 +112,7 @@ class Gate:
         for over in self.big:
             if over > j:
                 owed -= over - j
-        room = s.cache.controller.device.available_size() + s.cache.evictable_size()
+        room = s.cache.controller.device.available_size() - taken + s.cache.evictable_size()
         approx = ratio * owed
         margin = 1e-9 * (approx + 1.0)  # far above the float sum's rounding (n ulps)
         rem = room - approx

@@ -536,7 +536,9 @@ class Scheduler(Prefetching):
             ends: list[float] = []
             cum: list[int] = []
             if gate is not None:
-                ends, cum = self._plan_gated(gate, done, k, start, a, b, kv0, bs)
+                # through page boundaries too: the gate counts the pages they take
+                ends, cum = self._plan_gated(gate, done, finish - done, start, a, b, kv0, bs,
+                                             bounds)  # fmt: skip
                 k = len(ends)
             elif queued:
                 k = 1
@@ -580,6 +582,10 @@ class Scheduler(Prefetching):
             if gate is not None:
                 self.new_token_ratio = gate.ratio(done + k)
                 skipped += cum[k - 1]
+                # the boundaries it ran through: their pages, and a compute span each
+                for step in self._take_boundary_pages(bounds, done + k):
+                    self.spans.append(("decode", start, ends[step - done - 1], bs))
+                    start = ends[step - done - 1]
             else:
                 self.new_token_ratio = max(
                     self.min_ratio, self.new_token_ratio - self.ratio_decay * k
@@ -624,7 +630,16 @@ class Scheduler(Prefetching):
         return Gate(self, cap, total, ticks)
 
     def _plan_gated(
-        self, gate: Gate, done: int, k: int, start: float, a: float, b: float, kv0: int, bs: int
+        self,
+        gate: Gate,
+        done: int,
+        k: int,
+        start: float,
+        a: float,
+        b: float,
+        kv0: int,
+        bs: int,
+        bounds: list[tuple[int, int]],
     ) -> tuple[list[float], list[int]]:
         """A gated segment of at most ``k`` steps: it stops after the first step whose
         admission attempt the gate cannot rule out, and before a step that would end after
@@ -634,18 +649,33 @@ class Scheduler(Prefetching):
         before each step."""
         env = self.env
         arrival = self.next_arrival()
+        near = arrival - 1e-9 * (abs(arrival) + 1.0)
         now = env.now
         step0 = a + b * (kv0 + bs * done)
         t = now + ((start + step0) - now)
         ends, cum = [t], [0]
+        free = self.cache.controller.device.free_page_count()
+        heap = list(bounds)  # a heap already: a copy to walk ahead
+        ps = self.p.page_size
+        taken = 0  # pages the boundaries passed so far take
         m = 1
         while m < k:
-            seen = gate.check(done + m)
+            seen = gate.check(done + m, taken * ps)
             if seen < 0:
                 break
+            at = 0
+            while heap[0][0] == done + m:  # the memory check before that step
+                step, i = heap[0]
+                heapq.heapreplace(heap, (step + ps, i))
+                at += 1
+            if taken + at > free:
+                break  # short: the loop's own check runs there
             t2 = t + ((t + (a + b * (kv0 + bs * (done + m)))) - t)
-            if t2 > arrival:
+            # past a boundary a segment used to start again, its first step whatever the
+            # arrival: here it must end well before one (a router read sees the steps done)
+            if t2 > arrival or (at and t2 >= near):
                 break
+            taken += at
             t = t2
             ends.append(t)
             cum.append(cum[-1] + seen)
@@ -740,14 +770,19 @@ class Scheduler(Prefetching):
         self._take_boundary_pages(bounds, d)
         return segs, cut
 
-    def _take_boundary_pages(self, bounds: list[tuple[int, int]], end: int) -> None:
+    def _take_boundary_pages(self, bounds: list[tuple[int, int]], end: int) -> list[int]:
         """The pages of the boundaries before step ``end`` (one per request at each), in the
-        memory checks' order: by step, then batch order (:meth:`_plan_span` saw they fit)."""
+        memory checks' order: by step, then batch order (the planner saw they fit). Returns
+        those boundaries' steps."""
         ps, running = self.p.page_size, self.running
+        steps: list[int] = []
         while bounds[0][0] < end:
             step, i = bounds[0]
             heapq.heapreplace(bounds, (step + ps, i))
             self._new_page(running[i])
+            if not steps or steps[-1] != step:
+                steps.append(step)
+        return steps
 
     def _retract_one(self) -> None:
         run = self.running
