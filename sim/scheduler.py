@@ -438,16 +438,19 @@ class Scheduler(Prefetching):
         cut a segment and the free pages cover each boundary (the memory check would neither
         evict nor retract): same events, same times, same page order, but each request's
         counters move once per call instead of once per segment (a heap finds the requests
-        at each boundary), which is what a long decode costs. ``chain`` False: one segment
-        (tests drive the scheduler segment by segment).
+        at each boundary), which is what a long decode costs. With an empty queue and open-loop
+        arrivals several such segments run under one timeout (:meth:`_plan_span`: their pages
+        taken in order, their float arithmetic replayed). ``chain`` False: one segment (tests
+        drive the scheduler segment by segment).
 
         With requests waiting, the loop tries admission after every step. When the queue
         head's attempt has just failed (FCFS, no L3 tier), a :class:`Gate` predicts each
         later attempt from what it reads (free and evictable pages, the batch's reservations
         at that step's ``new_token_ratio``, the running cap), and the steps chain while every
-        attempt would fail; the attempts skipped are accounted to the tree (their clock
-        ticks). A copy that completes wakes the chain: the step under way ends, the HiCache
-        events run, and the gate looks again."""
+        attempt would fail, through page boundaries too (the gate counts the pages taken on
+        the way); the attempts skipped are accounted to the tree (their clock ticks). A copy
+        that completes wakes the chain: the step under way ends, the HiCache events run, and
+        the gate looks again."""
         env, cache, ps = self.env, self.cache, self.p.page_size
         cache.writing_check()  # flush_write_through_acks
         run = self.running
@@ -663,11 +666,7 @@ class Scheduler(Prefetching):
             seen = gate.check(done + m, taken * ps)
             if seen < 0:
                 break
-            at = 0
-            while heap[0][0] == done + m:  # the memory check before that step
-                step, i = heap[0]
-                heapq.heapreplace(heap, (step + ps, i))
-                at += 1
+            at = _pass_boundary(heap, done + m, ps)  # the memory check before that step
             if taken + at > free:
                 break  # short: the loop's own check runs there
             t2 = t + ((t + (a + b * (kv0 + bs * (done + m)))) - t)
@@ -758,11 +757,7 @@ class Scheduler(Prefetching):
             d += kk
             if cut or d >= finish or t_next >= near:
                 break
-            at = 0
-            while heap[0][0] == d:  # the memory check at this boundary
-                step, i = heap[0]
-                heapq.heapreplace(heap, (step + ps, i))
-                at += 1
+            at = _pass_boundary(heap, d, ps)  # the memory check at this boundary
             if taken + at > free:
                 break  # short: the loop's own check stops the chain here
             taken += at
@@ -806,3 +801,15 @@ class Scheduler(Prefetching):
         req.kv = None
         req.release_keys()
         self.on_finish(req)
+
+
+def _pass_boundary(heap: list[tuple[int, int]], step: int, page_size: int) -> int:
+    """Move every request whose page boundary is at ``step`` in ``heap`` (a planner's copy of
+    the decode call's boundaries) on to its next one; returns how many pages that boundary
+    takes (one per request there)."""
+    n = 0
+    while heap[0][0] == step:
+        i = heap[0][1]
+        heapq.heapreplace(heap, (step + page_size, i))
+        n += 1
+    return n
