@@ -29,7 +29,6 @@ type every driver reads: a trace request at one page size.
 from __future__ import annotations
 
 import itertools
-import typing
 from array import array
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import asdict, dataclass
@@ -38,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from hicache.policy.controller import BaseController
 from hicache.policy.hiradix import HiRadixCache, MatchResult
 from hicache.policy.radix import ExtendedPageKey, PageKey, TreeNode, key_source
+from traces.store import BuiltOnRead
 
 if TYPE_CHECKING:
     from traces.schema import Request, Trace
@@ -111,7 +111,7 @@ def _paged(r: Request, rid: int, symbols: PageKey, origin: float, rate: float) -
     )
 
 
-class PagedTrace(Sequence[PagedRequest]):
+class PagedTrace(BuiltOnRead[PagedRequest]):
     """:func:`paged_requests` with ``keys`` False, each request built when read (index ``i``
     gives ``paged_requests(...)[i]``). It holds the trace and one arrival time per request
     (``arrivals``), so a long trace's requests exist as objects only while someone uses them."""
@@ -130,19 +130,7 @@ class PagedTrace(Sequence[PagedRequest]):
     def __len__(self) -> int:
         return len(self.arrivals)
 
-    @typing.overload
-    def __getitem__(self, i: int) -> PagedRequest: ...
-
-    @typing.overload
-    def __getitem__(self, i: slice) -> list[PagedRequest]: ...
-
-    def __getitem__(self, i: int | slice) -> PagedRequest | list[PagedRequest]:
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        if i < 0:
-            i += len(self)
-        if not 0 <= i < len(self):
-            raise IndexError("request index out of range")
+    def _get(self, i: int) -> PagedRequest:
         return _paged(self._reqs[i], i, NO_KEY, self._origin, self.rate_scale)
 
 

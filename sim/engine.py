@@ -13,7 +13,6 @@ import itertools
 import math
 import os
 import time
-import typing
 from collections import deque
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import asdict
@@ -33,6 +32,7 @@ from sim.metrics import Recorder, summarize, write_json_atomic, write_parquet_at
 from sim.routers import Router, build_router
 from sim.scheduler import Scheduler, SchedulerParams, SimReq
 from sim.storage_setup import StorageSetup, storage_summary
+from traces.store import BuiltOnRead
 
 if TYPE_CHECKING:
     from hicache.config import SimConfig
@@ -260,7 +260,7 @@ class Engine:
         return float(env.now)
 
 
-class SimReqSource(Sequence[SimReq]):
+class SimReqSource(BuiltOnRead[SimReq]):
     r"""The requests of a :class:`~hicache.lifecycle.PagedTrace` as :class:`SimReq`\ s, each
     built when read (with ``keys`` to build its page keys when first needed). An engine given
     one builds each request when it arrives (open loop), so the requests in memory are the
@@ -273,15 +273,7 @@ class SimReqSource(Sequence[SimReq]):
     def __len__(self) -> int:
         return len(self.paged)
 
-    @typing.overload
-    def __getitem__(self, i: int) -> SimReq: ...
-
-    @typing.overload
-    def __getitem__(self, i: slice) -> list[SimReq]: ...
-
-    def __getitem__(self, i: int | slice) -> SimReq | list[SimReq]:
-        if isinstance(i, slice):
-            return [SimReq(r, keys=self.keys) for r in self.paged[i]]
+    def _get(self, i: int) -> SimReq:
         return SimReq(self.paged[i], keys=self.keys)
 
 

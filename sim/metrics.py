@@ -9,7 +9,6 @@ a request and 60 a copy.
 
 from __future__ import annotations
 
-import typing
 from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any, Generic, NamedTuple, TypeVar, get_type_hints
 
 from traces import fsutil
+from traces.store import BuiltOnRead
 
 
 class RequestRow(NamedTuple):
@@ -86,7 +86,7 @@ TRANSFER_COLUMNS = TransferRow._fields
 R = TypeVar("R", bound=tuple[Any, ...])
 
 
-class RowTable(Sequence[R], Generic[R]):
+class RowTable(BuiltOnRead[R], Generic[R]):
     """Rows of one ``NamedTuple`` type, stored column by column: an ``array`` of 8-byte
     numbers per ``int`` or ``float`` field, a list (of shared strings) per other field. Reads
     back as rows (index, iterate, compare with a list of rows)."""
@@ -110,19 +110,7 @@ class RowTable(Sequence[R], Generic[R]):
     def __len__(self) -> int:
         return self._n
 
-    @typing.overload
-    def __getitem__(self, i: int) -> R: ...
-
-    @typing.overload
-    def __getitem__(self, i: slice) -> list[R]: ...
-
-    def __getitem__(self, i: int | slice) -> R | list[R]:
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(self._n))]
-        if i < 0:
-            i += self._n
-        if not 0 <= i < self._n:
-            raise IndexError("row index out of range")
+    def _get(self, i: int) -> R:
         return self.row_type(*(col[i] for col in self._cols))
 
     def __iter__(self) -> Iterator[R]:

@@ -19,12 +19,46 @@ from itertools import islice
 
 from traces.schema import Request
 
+T = typing.TypeVar("T")
+
+
+class BuiltOnRead(Sequence[T]):
+    """A read-only sequence whose items are built when read: a subclass gives ``__len__`` and
+    ``_get(i)`` for ``0 <= i < len``; indexes (negative ones too), slices (a list) and
+    iteration work as on a list. What a long trace's views use so that their items exist only
+    while someone holds them."""
+
+    __slots__ = ()
+
+    def _get(self, i: int) -> T:
+        raise NotImplementedError
+
+    @typing.overload
+    def __getitem__(self, i: int) -> T: ...
+
+    @typing.overload
+    def __getitem__(self, i: slice) -> list[T]: ...
+
+    def __getitem__(self, i: int | slice) -> T | list[T]:
+        if isinstance(i, slice):
+            return [self._get(j) for j in range(*i.indices(len(self)))]
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"{type(self).__name__} index out of range")
+        return self._get(i)
+
+    def __iter__(self) -> Iterator[T]:
+        return map(self._get, range(len(self)))
+
+
 # optional fields, each a list created when the first request sets it
 _OPTIONAL = ("session_id", "turn", "think_time_ms", "priority", "rid")
 _HASH, _TOKEN = 0, 1
 
 
-class RequestColumns(Sequence[Request]):
+class RequestColumns(BuiltOnRead[Request]):
     """The requests of a trace in file order, stored column by column (see the module doc).
 
     Reads like a list of `Request` (index, slice, iterate, ``len``, compare with a list);
@@ -85,25 +119,6 @@ class RequestColumns(Sequence[Request]):
             ids if token else None,
             *(opt[name][i] if name in opt else None for name in _OPTIONAL),
         )
-
-    @typing.overload
-    def __getitem__(self, i: int) -> Request: ...
-
-    @typing.overload
-    def __getitem__(self, i: slice) -> list[Request]: ...
-
-    def __getitem__(self, i: int | slice) -> Request | list[Request]:
-        if isinstance(i, slice):
-            return [self._get(j) for j in range(*i.indices(len(self)))]
-        n = len(self)
-        if i < 0:
-            i += n
-        if not 0 <= i < n:
-            raise IndexError("request index out of range")
-        return self._get(i)
-
-    def __iter__(self) -> Iterator[Request]:
-        return map(self._get, range(len(self)))
 
     def head(self, n: int) -> Iterator[Request]:
         """The first ``n`` requests (all when ``n`` <= 0), one at a time."""

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from hicache.policy.radix import TreeNode, child_key, key_source, match_len, to_page_key
 
 if TYPE_CHECKING:
-    from hicache.policy.hiradix import CacheStats, MatchResult
+    from hicache.policy.hiradix import CacheStats, HiRadixCache, MatchResult
 
 
 class Shortcuts:
@@ -34,32 +34,6 @@ class Shortcuts:
         raise NotImplementedError
 
     def inc_lock_ref(self, node: TreeNode) -> int:
-        raise NotImplementedError
-
-    def _touch(self, n: TreeNode) -> None:
-        raise NotImplementedError
-
-    def _insert_from(
-        self,
-        node: TreeNode,
-        off: int,
-        pkey: tuple[Any, ...],
-        value: Sequence[int],
-        chunked: bool,
-        priority: int,
-        extra_key: str | None,
-    ) -> int:
-        raise NotImplementedError
-
-    def _match_from(
-        self,
-        node: TreeNode,
-        off: int,
-        n: int,
-        pkey: tuple[Any, ...],
-        segments: list[list[int]],
-        extra_key: str | None = None,
-    ) -> MatchResult:
         raise NotImplementedError
 
     def move_lock_ref(self, old: TreeNode, new: TreeNode) -> None:
@@ -181,14 +155,15 @@ class Shortcuts:
             for node in path:
                 if node.priority < 0:
                     node.priority = 0
-        return self._insert_from(path[-1], done, pkey, value, True, 0, None)
+        return _core(self)._insert_from(path[-1], done, pkey, value, True, 0, None)
 
     def rematch_locked(self, path: list[TreeNode], done: int, pkey: tuple[Any, ...]) -> MatchResult:
         """``match_prefix(pkey)`` right after :meth:`insert_locked` of the same ``path``,
         ``done`` and key (the tree above ``path[-1]`` unchanged since). Not in SGLang: the same
         result, end state and clock values; above ``path[-1]`` the walk only touches."""
         self.stats.match_calls += 1
-        self._touch(self.root)
+        core = _core(self)
+        core._touch(self.root)
         leaves, host_leaves = self.evictable_leaves, self.evictable_host_leaves
         clock = self._clock
         segments: list[list[int]] = []
@@ -202,4 +177,9 @@ class Shortcuts:
             assert node.value is not None
             segments.append(node.value)
         self._clock = clock
-        return self._match_from(path[-1], done, len(pkey), pkey, segments)
+        return core._match_from(path[-1], done, len(pkey), pkey, segments)
+
+
+def _core(shortcuts: Shortcuts) -> HiRadixCache:
+    """The cache these shortcuts are mixed into (its walks, for the type checker)."""
+    return shortcuts  # type: ignore[return-value]

@@ -129,3 +129,36 @@ def record_calls(obj: Any, name: str) -> list[Any]:
 
     setattr(obj, name, wrapper)
     return seen
+
+
+# --- watching a whole run ------------------------------------------------------------------
+
+
+def observe_run(m: Any, got: dict[str, Any]) -> None:
+    """Inside a ``monkeypatch.context()`` ``m``: make the next runs record into ``got`` every
+    router read of an instance's running tokens (``router_reads``: instance, time, value)
+    and, when the engine's run ends, each instance's clock, match count, free list and
+    compute spans and the requests table (what two runs that must decide alike compare)."""
+    from sim.instance import Instance
+
+    reads = got["router_reads"] = []
+    running_tokens = Instance.running_tokens
+
+    def logged(self: Instance) -> int:
+        n = running_tokens(self)
+        reads.append((self.index, self.env.now, n))
+        return n
+
+    m.setattr(Instance, "running_tokens", logged)
+    run = Engine.run
+
+    def keep(self: Engine) -> float:
+        out = run(self)
+        got["clocks"] = [i.cache.now() for i in self.instances]
+        got["matches"] = [i.cache.stats.match_calls for i in self.instances]
+        got["free"] = [i.device.free_pages_snapshot() for i in self.instances]
+        got["spans"] = [list(i.sched.spans) for i in self.instances]
+        got["requests"] = self.frames()["requests"]
+        return out
+
+    m.setattr(Engine, "run", keep)

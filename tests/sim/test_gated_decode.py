@@ -12,13 +12,12 @@ from typing import Any
 
 import pytest
 
-import sim.engine
 from hicache.config import load_config
 from hicache.policy import HiRadixCache
 from sim.engine import Engine, run_simulation
-from sim.instance import Instance
 from sim.scheduler import Scheduler, SchedulerParams
 from tests.sim import harness
+from tests.sim.harness import observe_run
 from traces.io import read_trace
 
 CONV = Path(__file__).resolve().parents[2] / "traces/data/mooncake/conversation_trace.jsonl"
@@ -44,15 +43,7 @@ def _run(trace: Any, sets: list[str], gated: bool, mp: pytest.MonkeyPatch) -> di
             return ends, cum
 
         m.setattr(Scheduler, "_plan_gated", counting_plan)
-        reads = got["router_reads"] = []
-        running_tokens = Instance.running_tokens
-
-        def logged(self: Instance) -> int:
-            n = running_tokens(self)
-            reads.append((self.index, self.env.now, n))
-            return n
-
-        m.setattr(Instance, "running_tokens", logged)
+        observe_run(m, got)
         repeat = HiRadixCache.repeat_match
 
         def counting(self: HiRadixCache, times: int, ticks: int) -> None:
@@ -60,17 +51,6 @@ def _run(trace: Any, sets: list[str], gated: bool, mp: pytest.MonkeyPatch) -> di
             repeat(self, times, ticks)
 
         m.setattr(HiRadixCache, "repeat_match", counting)
-        run = Engine.run
-
-        def keep(self: Engine) -> float:
-            out = run(self)
-            got["clocks"] = [i.cache.now() for i in self.instances]
-            got["matches"] = [i.cache.stats.match_calls for i in self.instances]
-            got["free"] = [i.device.free_pages_snapshot() for i in self.instances]
-            got["requests"] = self.frames()["requests"]
-            return out
-
-        m.setattr(sim.engine.Engine, "run", keep)
         cfg = load_config(None, sets)
         summary = run_simulation(cfg, trace, None, progress=False)
     summary.pop("wall_time_s", None)

@@ -11,11 +11,10 @@ from typing import Any
 
 import pytest
 
-import sim.engine
 from hicache.config import load_config
 from sim.engine import Engine, run_simulation
-from sim.instance import Instance
 from sim.scheduler import Scheduler
+from tests.sim.harness import observe_run
 from traces.io import read_trace
 
 DATA = Path(__file__).resolve().parents[2] / "traces/data"
@@ -43,27 +42,7 @@ def _run(path: Path, sets: list[str], span: bool, mp: pytest.MonkeyPatch) -> dic
             return segs, cut
 
         m.setattr(Scheduler, "_plan_span", counting)
-        reads = got["router_reads"] = []
-        running_tokens = Instance.running_tokens
-
-        def logged(self: Instance) -> int:
-            n = running_tokens(self)
-            reads.append((self.index, self.env.now, n))
-            return n
-
-        m.setattr(Instance, "running_tokens", logged)
-        run = Engine.run
-
-        def keep(self: Engine) -> float:
-            out = run(self)
-            got["clocks"] = [i.cache.now() for i in self.instances]
-            got["matches"] = [i.cache.stats.match_calls for i in self.instances]
-            got["free"] = [i.device.free_pages_snapshot() for i in self.instances]
-            got["spans"] = [list(i.sched.spans) for i in self.instances]
-            got["requests"] = self.frames()["requests"]
-            return out
-
-        m.setattr(sim.engine.Engine, "run", keep)
+        observe_run(m, got)
         summary = run_simulation(load_config(None, sets), read_trace(path), None, progress=False)
     summary.pop("wall_time_s", None)
     got["summary"] = summary
