@@ -221,7 +221,10 @@ def host_pool_tokens(
     else:
         if hicache_ratio <= 0:
             raise ValueError(f"hicache_ratio must be > 0, got {hicache_ratio}")
-        size = int(device_tokens * hicache_ratio)
+        tokens = device_tokens * hicache_ratio
+        if tokens == float("inf"):
+            raise ValueError(f"hicache_ratio {hicache_ratio:g} gives a host pool too large to hold")
+        size = int(tokens)
     page_num = size // page_size + 1
     size = page_num * page_size
     if size <= device_tokens:

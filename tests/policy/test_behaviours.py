@@ -525,6 +525,9 @@ def test_host_pool_sizing_examples() -> None:
     assert host_pool_tokens(10_000, 1, hicache_size_gb=100, bytes_per_token=llama8b) == 762_940
     with pytest.raises(ValueError, match="larger than the device pool"):
         host_pool_tokens(100_000, 1, hicache_ratio=0.5)
+    # a finite ratio whose pool overflows a float: an error, not an OverflowError from int()
+    with pytest.raises(ValueError, match="too large"):
+        host_pool_tokens(8192, 1, hicache_ratio=1e308)
 
 
 # ------------------------------------------------------------------------ plain radix mode --
