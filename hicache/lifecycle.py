@@ -466,8 +466,8 @@ def cache_unfinished_req(cache: HiRadixCache, req: ReqKV, chunked: bool = False)
             below.append(node)
             node = node.parent
         if node is not None:
-            below.reverse()
-            req.path, req.path_splits, req.path_src = path + below, cache.splits, src
+            path.extend(reversed(below))  # the request's own list: extended in place
+            req.path, req.path_splits, req.path_src = path, cache.splits, src
     req.last_node = m.last_device_node
     req.protected_pages = n
 

@@ -394,7 +394,6 @@ def run_simulation(
         storage=StorageSetup.from_config(cfg, costs.bytes_per_page),
         record_spans=cfg.run.chrome_trace and out_dir is not None,
     )
-    del reqs, paged
     duration = engine.run()
     frames = engine.frames(take=True)
     summary = summarize(frames, duration, time.perf_counter() - t0)
