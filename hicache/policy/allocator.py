@@ -170,6 +170,29 @@ class PageAllocator:
         chunks.appendleft(new)
         self._count += len(new)
 
+    def free_distinct(self, pages: list[int]) -> None:
+        """:meth:`free` for a list that holds no page twice (what the policy core and the
+        lifecycle free: node values and slices of one request's pages, distinct by
+        construction). It skips the de-duplication, which in SGLang exists because freed token
+        slots are converted to pages; the order the free list ends in is the same. A page freed
+        twice here would stay in the free list twice (the invariant checker reports that)."""
+        if not self._front:
+            if type(pages) is not list:
+                pages = list(pages)
+            if pages:
+                self._chunks.append(pages)
+                self._count += len(pages)
+            return
+        if not pages:
+            return
+        new = sorted(pages)
+        chunks = self._chunks
+        if self._pos:
+            chunks[0] = chunks[0][self._pos :]
+            self._pos = 0
+        chunks.appendleft(new)
+        self._count += len(new)
+
     def clear(self) -> None:
         """Every page free again, in id order (SGLang's ``clear()`` on flush)."""
         self._chunks = _initial_chunks(self.num_pages, self._ids)

@@ -59,9 +59,13 @@ class TransferController(Protocol):
         """Node-id lists of the completed load batches at the front of the load-ack FIFO."""
         ...
 
-    def free_device(self, pages: list[int]) -> None: ...
+    def free_device(self, pages: list[int]) -> None:
+        """Return device pages (distinct ids; the list is not modified by the caller after)."""
+        ...
 
-    def free_host(self, pages: list[int]) -> None: ...
+    def free_host(self, pages: list[int]) -> None:
+        """Return host pages (distinct ids; the list is not modified by the caller after)."""
+        ...
 
     def reset(self) -> None:
         """Drop all queues and clear the host pool (HiRadixCache.reset)."""
@@ -187,12 +191,12 @@ class BaseController:
         return out
 
     def free_device(self, pages: list[int]) -> None:
-        self.device.free(pages)
+        self.device.free_distinct(pages)
 
     def free_host(self, pages: list[int]) -> None:
         if self.host is None:
             raise AssertionError("free_host without a host pool")
-        self.host.free(pages)
+        self.host.free_distinct(pages)
 
     def reset(self) -> None:
         self.write_queue.clear()

@@ -606,6 +606,27 @@ def test_allocators_reuse_pages_in_sglang_order() -> None:
         front.alloc(10)
 
 
+def test_free_distinct_leaves_the_free_list_as_free_does() -> None:
+    """The policy core's frees skip SGLang's de-duplication; for distinct pages the resulting
+    free lists (hence every later page id) are the same as ``free`` gives."""
+    for reuse, page_size in (("front", 64), ("fifo", 1)):
+        a = PageAllocator(12, page_size, reuse=reuse)
+        b = PageAllocator(12, page_size, reuse=reuse)
+        for pool in (a, b):
+            assert pool.alloc_pages(9) == list(range(9))
+            assert pool.alloc_pages(1) == [9]  # the head list is read from an offset now
+        for batch in ([7, 2, 5], [], [0, 8], [9, 1]):
+            a.free(list(batch))
+            b.free_distinct(list(batch))
+            assert a.free_pages_snapshot() == b.free_pages_snapshot()
+            assert a.free_page_count() == b.free_page_count()
+        assert a.alloc_pages(6) == b.alloc_pages(6)
+    front = PageAllocator(4, 64, reuse="front")
+    front.alloc_pages(4)
+    front.free_distinct([3, 1])
+    assert front.free_pages_snapshot() == [1, 3]  # sorted at the head, as free does
+
+
 def test_match_limit_matches_only_a_prefix_without_copying() -> None:
     h = Harness()
     c = h.cache
