@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 # requirement would pull a multi-GB CUDA build. Installed first so `.[replay]` finds it satisfied.
 TORCH_CPU := torch==2.13.0
 
-.PHONY: demo test lint typecheck pytest bench clean
+.PHONY: demo test lint typecheck pytest bench clean native
 
 $(BIN)/python:
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) on PATH (set PYTHON=...)"; exit 2; }
@@ -23,10 +23,21 @@ $(VENV)/.base: pyproject.toml | $(BIN)/python
 # sweep executor's test on a local Ray runtime
 $(VENV)/.dev: pyproject.toml | $(BIN)/python
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q $(TORCH_CPU)
-	$(BIN)/python -m pip install -q -e '.[dev,replay,cluster]'
-	@touch $@ $(VENV)/.base
+	$(BIN)/python -m pip install -q -e '.[dev,replay,cluster,native]'
+	@touch $@ $(VENV)/.base $(VENV)/.native
 
-demo: $(VENV)/.base
+# mypyc, for the compiled policy core (hicache/policy/native.py)
+$(VENV)/.native: pyproject.toml | $(VENV)/.base
+	$(BIN)/python -m pip install -q -e '.[native]'
+	@touch $@
+
+# the compiled policy core: the same decisions, 2-3x faster tree work; rebuilt when a compiled
+# module's source changed. `make demo` goes on interpreted when it cannot be built.
+native: $(VENV)/.native
+	$(BIN)/python -m hicache.policy.native build --if-needed
+
+demo: $(VENV)/.base $(VENV)/.native
+	$(BIN)/python -m hicache.policy.native build --if-needed --optional
 	$(BIN)/hicache-sim demo --out runs/demo
 
 lint: $(VENV)/.dev
@@ -36,8 +47,15 @@ lint: $(VENV)/.dev
 typecheck: $(VENV)/.dev
 	$(BIN)/mypy
 
+# the tests that drive the policy core, run a second time on its compiled build
+NATIVE_TESTS := tests/policy tests/sim tests/test_hitrate.py tests/test_hitrate_storage.py \
+	tests/test_engine.py tests/test_storage_sim.py tests/test_conformance_harness.py
+
+# the whole suite on the interpreted core (the reference), then NATIVE_TESTS on the compiled one
 pytest: $(VENV)/.dev
 	HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest
+	$(BIN)/python -m hicache.policy.native build --if-needed
+	HICACHE_NATIVE=require HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest $(NATIVE_TESTS)
 
 test: lint typecheck pytest
 
@@ -45,7 +63,7 @@ bench: $(VENV)/.dev
 	$(BIN)/python bench/policy_ops.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache .hypothesis hicache/policy/_native
 
 # bench + calibrate + a short trace replay in one go (replay/device_check.py), results under
 # OUT. Where python3 already has a CUDA build of torch (a GPU server, a lent GPU machine with no

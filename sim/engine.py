@@ -414,8 +414,11 @@ def run_simulation(
             "model": asdict(cfg.model.spec),
         }  # fmt: skip
         from hicache import __version__
+        from hicache.policy import NATIVE
 
         conf["version"] = __version__
+        # which build of the policy core ran (the same decisions either way; speed differs)
+        conf["policy_core"] = "compiled" if NATIVE.active else "interpreted"
         write_json_atomic(conf, out_dir / "config.json")
         for name, df in frames.items():
             write_parquet_atomic(df, out_dir / f"{name}.parquet")

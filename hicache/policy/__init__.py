@@ -2,8 +2,16 @@
 
 Standard library only (no SimPy, torch, numpy or pandas), synchronous, and driven by a logical
 clock. Copies go through a :class:`TransferController`; tests use :class:`ManualController`.
+
+The tree modules can also be compiled (:mod:`hicache.policy.native`); whether this process uses
+that build is decided here, before they are first imported (``NATIVE`` says which and why).
 """
 
+from hicache.policy._loader import activate as _activate
+
+NATIVE = _activate(__path__)
+
+# isort: split
 from hicache.policy.allocator import PageAllocator, host_pool_tokens
 from hicache.policy.controller import (
     BaseController,
@@ -23,6 +31,7 @@ from hicache.policy.radix import PageKey, TreeNode, to_page_key
 
 __all__ = [
     "LOAD_BACK_THRESHOLD",
+    "NATIVE",
     "STRATEGIES",
     "WRITE_POLICIES",
     "BaseController",

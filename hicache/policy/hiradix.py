@@ -307,8 +307,15 @@ class HiRadixCache(Shortcuts, StorageTier):
     # -------------------------------------------------------------------------------- locks --
     def inc_lock_ref(self, node: TreeNode) -> int:
         """Pin ``node`` and its ancestors (not root) on device; returns the evictable delta."""
-        delta = 0
         root = self.root
+        if node.lock_ref > 0:
+            # Every ancestor is locked at least as often as node (each lock takes the whole
+            # path), so none changes state and none is an evictable leaf: only the counts move.
+            while node is not root:
+                node.lock_ref += 1
+                node = node.parent  # type: ignore[assignment]
+            return 0
+        delta = 0
         leaves, host_leaves = self.evictable_leaves, self.evictable_host_leaves
         while node is not root:
             if node.lock_ref == 0:
@@ -327,8 +334,14 @@ class HiRadixCache(Shortcuts, StorageTier):
 
     def dec_lock_ref(self, node: TreeNode) -> int:
         """Undo one ``inc_lock_ref(node)``; returns the evictable delta (>= 0)."""
-        delta = 0
         root = self.root
+        if node.lock_ref > 1:
+            # every ancestor stays locked (its count is at least node's), so only counts move
+            while node is not root:
+                node.lock_ref -= 1
+                node = node.parent  # type: ignore[assignment]
+            return 0
+        delta = 0
         leaves, host_leaves = self.evictable_leaves, self.evictable_host_leaves
         while node is not root:
             if node.lock_ref == 1:
@@ -960,10 +973,14 @@ class HiRadixCache(Shortcuts, StorageTier):
             pages = self.load_back(last_node, mem_quota)
             if pages is not None:
                 return pages, last_node
-            while last_node.value is None:
-                parent = last_node.parent
+            # a fresh local for the walk: the compiled core keeps the narrowing of
+            # ``last_node.value`` to None from the test above (mypyc), so it must not be reused
+            node: TreeNode = last_node
+            while node.value is None:
+                parent = node.parent
                 assert parent is not None
-                last_node = parent
+                node = parent
+            last_node = node
         return [], last_node
 
     def ready_to_load_host_cache(self) -> int:

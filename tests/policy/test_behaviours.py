@@ -289,6 +289,7 @@ def test_load_back_chain_survives_nested_write_back_eviction() -> None:
     assert h.cache.stats.load_back_failures == 1 and h.cache.stats.loaded_tokens == 0
 
 
+@pytest.mark.interpreted_only
 def test_write_back_demotes_only_written_nodes_still_in_the_tree() -> None:
     """Belt and braces for the end of a write_back eviction: a written node that is no longer
     in the tree when the writes are waited for must not be demoted (its pages would be freed
