@@ -11,9 +11,10 @@ Standard library only.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+# counted page by page, so it lives in the compiled core's modules (hicache.policy.native)
+from hicache.policy.allocator import count_runs
 from hicache.profile import (
     BACKENDS,
     DIRECTIONS,
@@ -122,22 +123,6 @@ def layer_pipeline_end(
 #: the two kinds of HiCache copy op: a node's device->host backup, a batch's merged load
 OP_KINDS = ("write", "load")
 OP_DIRECTION = {"write": "d2h", "load": "h2d"}
-
-
-def count_runs(device_pages: Sequence[int], host_pages: Sequence[int]) -> int:
-    """Contiguous runs of a paired page copy: a new run starts wherever either side is not the
-    previous page + 1 (one ``cudaMemcpyAsync`` per run and layer for ``direct`` IO). This is
-    the ``runs`` that :func:`op_charges` charges ``gamma`` for."""
-    n = len(device_pages)
-    if n != len(host_pages):
-        raise ValueError(f"page lists differ in length: {n} device vs {len(host_pages)} host")
-    if not n:
-        return 0
-    runs = 1
-    for i in range(1, n):
-        if device_pages[i] != device_pages[i - 1] + 1 or host_pages[i] != host_pages[i - 1] + 1:
-            runs += 1
-    return runs
 
 
 class OpCharges(NamedTuple):

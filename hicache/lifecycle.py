@@ -59,6 +59,12 @@ class PagedRequest:
     turn: int | None = None
     think_time_s: float = 0.0
 
+    def with_symbols(self, symbols: PageKey) -> PagedRequest:
+        """This request with other ``symbols`` (what ``dataclasses.replace`` does, in a
+        constructor call: a timed run does it twice per request)."""
+        return PagedRequest(symbols, self.input_length, self.output_length, self.rid,
+                            self.arrival_s, self.session, self.turn, self.think_time_s)  # fmt: skip
+
     @property
     def kv_tokens(self) -> int:
         """Tokens whose KV a finished request holds: prompt + outputs but the last token, whose

@@ -20,7 +20,7 @@ import bisect
 import heapq
 from collections import deque
 from collections.abc import Callable, Generator, Hashable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import simpy
@@ -126,7 +126,7 @@ class SimReq:
     def with_symbols(self) -> PagedRequest:
         """``req``, its symbols built if they were left for later."""
         if self.keys is not None and not self.req.symbols and self.req.input_length:
-            self.req = replace(self.req, symbols=self.keys(self.req.rid))
+            self.req = self.req.with_symbols(self.keys(self.req.rid))
         return self.req
 
     def release_keys(self) -> None:
@@ -134,7 +134,7 @@ class SimReq:
         if self.keys is not None:
             self.prompt = None
             self.out_symbols = []
-            self.req = replace(self.req, symbols=NO_KEY)
+            self.req = self.req.with_symbols(NO_KEY)
 
     @property
     def input_length(self) -> int:

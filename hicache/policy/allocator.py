@@ -10,7 +10,7 @@ it only matters to the replay, where contiguous runs of pages become single copi
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 #: The initial free list is held in chunks of at most this many pages (see ``PageAllocator``).
 _INIT_CHUNK = 4096
@@ -205,6 +205,23 @@ class PageAllocator:
         for i, c in enumerate(self._chunks):
             out += c[self._pos :] if i == 0 else c
         return out
+
+
+def count_runs(device_pages: Sequence[int], host_pages: Sequence[int]) -> int:
+    """Contiguous runs of a paired page copy: a new run starts wherever either side is not the
+    previous page + 1 (one ``cudaMemcpyAsync`` per run and layer for ``direct`` IO). This is
+    the ``runs`` that :func:`hicache.latency.op_charges` charges ``gamma`` for. Here, in the
+    compiled core's modules, because every copy op counts them page by page."""
+    n = len(device_pages)
+    if n != len(host_pages):
+        raise ValueError(f"page lists differ in length: {n} device vs {len(host_pages)} host")
+    if not n:
+        return 0
+    runs = 1
+    for i in range(1, n):
+        if device_pages[i] != device_pages[i - 1] + 1 or host_pages[i] != host_pages[i - 1] + 1:
+            runs += 1
+    return runs
 
 
 def page_ids(num_pages: int) -> list[int]:

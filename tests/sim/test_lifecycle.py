@@ -463,3 +463,14 @@ def test_cache_counters_rates_and_collect() -> None:
                       storage_hit_tokens=20)  # fmt: skip
     assert (s.hit_rate, s.storage_hit_rate) == pytest.approx((0.35, 0.2))
     assert (d["requests"], d["tokens_loaded"], d["hit_rate"]) == (2, 10, pytest.approx(0.5))
+
+
+def test_with_symbols_keeps_every_other_field() -> None:
+    """``PagedRequest.with_symbols`` is ``dataclasses.replace(r, symbols=...)``: a field added
+    later and not passed on would make these differ."""
+    import dataclasses
+
+    values = {f.name: f"<{f.name}>" for f in dataclasses.fields(PagedRequest)}
+    r = PagedRequest(**values)  # type: ignore[arg-type]  # a distinct value per field
+    got = r.with_symbols(PageKey(("c",)))
+    assert got == dataclasses.replace(r, symbols=PageKey(("c",)))
