@@ -45,6 +45,7 @@ class Costs:
     kv_parts: int = 1
     _decode_memo: dict[int, tuple[float, float]] = field(default_factory=dict, repr=False)
     _prefill_memo: dict[tuple[int, int], float] = field(default_factory=dict, repr=False)
+    _op_memo: dict[tuple[str, int, int], float] = field(default_factory=dict, repr=False)
 
     @property
     def eta_d2h(self) -> float:
@@ -55,7 +56,19 @@ class Costs:
         return self.h2d.eta
 
     def op_time(self, kind: str, nbytes: int, runs: int) -> float:
-        """Uncoupled seconds of a ``"write"`` (d2h) or ``"load"`` (h2d) op."""
+        """Uncoupled seconds of a ``"write"`` (d2h) or ``"load"`` (h2d) op. Memoized like
+        :meth:`prefill_time` (a pure function of its arguments; nodes of the same length and
+        fragmentation recur): cleared when it holds ``PREFILL_MEMO_MAX`` entries."""
+        key = (kind, nbytes, runs)
+        memo = self._op_memo
+        got = memo.get(key)
+        if got is None:
+            if len(memo) >= PREFILL_MEMO_MAX:
+                memo.clear()
+            got = memo[key] = self._op_time(kind, nbytes, runs)
+        return got
+
+    def _op_time(self, kind: str, nbytes: int, runs: int) -> float:
         link = self.d2h if kind == "write" else self.h2d
         charges = latency.op_charges(
             kind,
