@@ -1,4 +1,4 @@
-"""The HiCache policy core: a faithful, pure-Python model of SGLang 0.5.14 ``HiRadixCache``.
+"""The HiCache policy core: a faithful model of SGLang 0.5.14 ``HiRadixCache`` in plain Python.
 
 Standard library only (no SimPy, torch, numpy or pandas), synchronous, and driven by a logical
 clock. Copies go through a :class:`TransferController`; tests use :class:`ManualController`.
