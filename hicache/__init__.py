@@ -6,3 +6,8 @@ here imports SimPy or torch, and pandas only inside functions.
 """
 
 __version__ = "0.1.0"
+
+# the lifecycle's compiled build, if this process uses one (hicache.policy.native)
+from hicache.policy._loader import activate as _activate
+
+_activate(__path__, __name__)

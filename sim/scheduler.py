@@ -25,7 +25,6 @@ from typing import Any, Protocol
 
 import simpy
 
-from hicache.config import SchedulerConfig
 from hicache.latency import layer_pipeline_end
 from hicache.lifecycle import NO_KEY, KVLifecycle, PagedRequest, ReqKV
 from hicache.policy import HiRadixCache, PageKey
@@ -33,6 +32,7 @@ from hicache.policy.radix import PrefixKey
 from hicache.policy.storage import PrefetchOp
 from sim.admission import Gate, PrefillBudget
 from sim.link import Job
+from sim.params import SchedulerParams as SchedulerParams
 from sim.prefetching import Prefetching
 
 
@@ -63,17 +63,6 @@ class LinkControl(Protocol):
     def take_stall(self) -> float:
         """Time until which a blocking write_back wait holds the scheduler (then cleared)."""
         ...
-
-
-@dataclass(frozen=True, kw_only=True)
-class SchedulerParams(SchedulerConfig):
-    """What the scheduler reads: every ``[scheduler]`` knob of the config (see
-    ``hicache.config.SchedulerConfig`` for what each means and why its default is what it is), plus
-    what it needs from other sections."""
-
-    page_size: int
-    outputs: str = "cache"
-    lpm_max_queue: int = 128  # SGLang falls back to FCFS above this many waiting requests
 
 
 @dataclass(eq=False, slots=True)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import os
 
-# The suite's main run tests the interpreted policy core, the reference; `make test` then runs
-# the policy and simulator tests again with HICACHE_NATIVE=require (the compiled build). Set
-# before anything imports hicache.policy, which decides once.
+# The suite's main run tests the interpreted modules, the reference; `make test` then runs the
+# policy and simulator tests again with HICACHE_NATIVE=require (the compiled build). Set before
+# anything imports hicache, which decides once.
 os.environ.setdefault("HICACHE_NATIVE", "off")
 
 import pytest
@@ -26,13 +26,13 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip ``interpreted_only`` tests (they patch methods on instances, which compiled classes
-    do not look up) when this run uses the compiled policy core."""
+    """Skip ``interpreted_only`` tests (they patch methods, which compiled classes do not look
+    up, or subclass a compiled class) when this run uses the compiled build."""
     from hicache.policy import NATIVE
 
     if not NATIVE.active:
         return
-    skip = pytest.mark.skip(reason="patches methods of a compiled class")
+    skip = pytest.mark.skip(reason="patches or subclasses a compiled class")
     for item in items:
         if "interpreted_only" in item.keywords:
             item.add_marker(skip)

@@ -14,7 +14,14 @@ from pathlib import Path
 import pytest
 
 from hicache.policy import _loader
-from hicache.policy._loader import MODULES, NativeStatus, activate, source_hashes, unusable_reason
+from hicache.policy._loader import (
+    GROUPS,
+    MODULES,
+    NativeStatus,
+    activate,
+    source_hashes,
+    unusable_reason,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]
@@ -22,10 +29,11 @@ SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]
 
 def fake_build(where: Path, **changes: object) -> Path:
     """A build folder with the layout and manifest of a real one (empty extension files)."""
-    pkg = where / "hicache" / "policy"
-    pkg.mkdir(parents=True)
     for m in MODULES:
-        (pkg / f"{m}{SUFFIX}").write_bytes(b"")
+        package, _, stem = m.rpartition(".")
+        folder = where.joinpath(*package.split("."))
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{stem}{SUFFIX}").write_bytes(b"")
     (where / f"abc__mypyc{SUFFIX}").write_bytes(b"")
     manifest: dict[str, object] = {
         "platform": _loader.platform_tag(),
@@ -35,6 +43,14 @@ def fake_build(where: Path, **changes: object) -> Path:
     manifest.update(changes)
     (where / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
     return where
+
+
+def test_every_package_with_compiled_modules_asks_the_loader() -> None:
+    for package, names in GROUPS.items():
+        init = ROOT.joinpath(*package.split("."), "__init__.py").read_text(encoding="utf-8")
+        assert "_activate(__path__, __name__)" in init, package
+        for name in names:
+            assert ROOT.joinpath(*package.split("."), f"{name}.py").is_file()
 
 
 def test_a_matching_build_is_usable(tmp_path: Path) -> None:
@@ -48,9 +64,12 @@ def test_a_missing_build_says_how_to_make_one(tmp_path: Path) -> None:
 
 def test_an_edited_source_makes_the_build_stale(tmp_path: Path) -> None:
     sources = source_hashes()
-    sources["hiradix"] = "0" * 64
+    sources["hicache.policy.hiradix"] = "0" * 64
+    sources["sim.scheduler"] = "1" * 64
     why = unusable_reason(fake_build(tmp_path, sources=sources))
-    assert why == "stale: hiradix.py changed since the build; rebuild"
+    assert why == (
+        "stale: hicache/policy/hiradix.py, sim/scheduler.py changed since the build; rebuild"
+    )
 
 
 def test_a_build_for_another_interpreter_is_refused(tmp_path: Path) -> None:
@@ -60,8 +79,8 @@ def test_a_build_for_another_interpreter_is_refused(tmp_path: Path) -> None:
 
 def test_a_build_missing_a_module_is_refused(tmp_path: Path) -> None:
     build = fake_build(tmp_path)
-    (build / "hicache" / "policy" / f"allocator{SUFFIX}").unlink()
-    assert unusable_reason(build) == "the build has no compiled allocator module; rebuild"
+    (build / "sim" / f"link{SUFFIX}").unlink()
+    assert unusable_reason(build) == "the build has no compiled sim.link; rebuild"
     build = fake_build(tmp_path / "b")
     (build / f"abc__mypyc{SUFFIX}").unlink()
     assert unusable_reason(build) == "the build's shared library is missing; rebuild"
@@ -74,31 +93,42 @@ def test_a_broken_manifest_is_refused(tmp_path: Path) -> None:
     assert why is not None and why.startswith("unreadable manifest")
 
 
+def _fresh(monkeypatch: pytest.MonkeyPatch, build: Path, mode: str) -> None:
+    """A process that has not decided yet, with ``build`` and ``HICACHE_NATIVE=mode``."""
+    monkeypatch.setattr(_loader, "BUILD_DIR", build)
+    monkeypatch.setattr(_loader, "_decided", None)
+    monkeypatch.setenv("HICACHE_NATIVE", mode)
+
+
 def test_activate_follows_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     build = fake_build(tmp_path / "good")
-    monkeypatch.setattr(_loader, "BUILD_DIR", build)
     monkeypatch.setattr(sys, "path", list(sys.path))
-    path: list[str] = ["pkg"]
 
-    monkeypatch.setenv("HICACHE_NATIVE", "off")
-    assert activate(path) == NativeStatus(False, "interpreted (HICACHE_NATIVE=off)")
+    _fresh(monkeypatch, build, "off")
+    path: list[str] = ["pkg"]
+    assert activate(path, "sim") == NativeStatus(False, "interpreted (HICACHE_NATIVE=off)")
     assert path == ["pkg"]
 
-    monkeypatch.setenv("HICACHE_NATIVE", "auto")
-    status = activate(path)
+    _fresh(monkeypatch, build, "auto")
+    status = activate(path, "hicache.policy")
     assert status.active and path == [str(build / "hicache" / "policy"), "pkg"]
     assert str(build) in sys.path  # for the modules' shared library
+    sim_path = ["sim-src"]
+    assert activate(sim_path, "sim") is status  # decided once per process
+    assert sim_path == [str(build / "sim"), "sim-src"]
+    with pytest.raises(ValueError, match="'traces' has no compiled modules"):
+        activate([], "traces")
 
-    monkeypatch.setattr(_loader, "BUILD_DIR", tmp_path / "none")
+    _fresh(monkeypatch, tmp_path / "none", "auto")
     path = ["pkg"]
-    status = activate(path)
+    status = activate(path, "hicache")
     assert not status.active and "not built" in status.reason and path == ["pkg"]
-    monkeypatch.setenv("HICACHE_NATIVE", "require")
+    _fresh(monkeypatch, tmp_path / "none", "require")
     with pytest.raises(ImportError, match=r"HICACHE_NATIVE=require.*not built"):
-        activate(path)
-    monkeypatch.setenv("HICACHE_NATIVE", "fast")
+        activate(path, "hicache")
+    _fresh(monkeypatch, build, "fast")
     with pytest.raises(ImportError, match="choose one of auto, off, require"):
-        activate(path)
+        activate(path, "hicache")
 
 
 # ------------------------------------------------------------------ compiled == interpreted --

@@ -154,6 +154,7 @@ def test_an_expired_timeout_does_not_spin_the_idle_loop(monkeypatch: pytest.Monk
     assert s["finished_requests"] == 60 and passes > 60
 
 
+@pytest.mark.interpreted_only  # subclasses Prefetching (compiled classes refuse that)
 def test_a_step_check_stops_only_a_chain_that_listens() -> None:
     """notify's per-step check runs the iteration's HiCache check; it may end a chain of
     decode steps only when that chain waits on the wake-up (every waiting request was still

@@ -3,13 +3,14 @@
 Standard library only (no SimPy, torch, numpy or pandas), synchronous, and driven by a logical
 clock. Copies go through a :class:`TransferController`; tests use :class:`ManualController`.
 
-The tree modules can also be compiled (:mod:`hicache.policy.native`); whether this process uses
-that build is decided here, before they are first imported (``NATIVE`` says which and why).
+The tree modules can also be compiled, with the lifecycle and the scheduler's
+(:mod:`hicache.policy.native`); whether this process uses that build is decided when this
+package is first imported (``NATIVE`` says which and why).
 """
 
 from hicache.policy._loader import activate as _activate
 
-NATIVE = _activate(__path__)
+NATIVE = _activate(__path__, __name__)
 
 # isort: split
 from hicache.policy.allocator import PageAllocator, host_pool_tokens

@@ -1,7 +1,9 @@
-"""Which policy-core modules this process loads: the interpreted sources or their compiled
-build (:mod:`hicache.policy.native` builds it and documents ``HICACHE_NATIVE``).
+"""Which build of the hot modules this process loads: the interpreted sources or their
+compiled build (:mod:`hicache.policy.native` builds it and documents ``HICACHE_NATIVE``).
 
-Imported by ``hicache/policy/__init__.py`` before any compiled module; standard library only.
+Imported by the ``__init__`` of each package with compiled modules (``hicache``,
+``hicache.policy``, ``sim``) before any of them; in the policy core because that is the one
+package all three may import. Standard library only.
 """
 
 from __future__ import annotations
@@ -15,15 +17,24 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-#: The compiled modules (of ``hicache.policy``). The rest of the package stays interpreted:
-#: the controllers are subclassed by the simulator and the replay (compiled classes cannot be
-#: subclassed by interpreted ones), the key types subclass ``tuple`` (compiled classes cannot),
-#: and the storage tier and checks are not where the time goes.
-MODULES = ("radix", "allocator", "eviction", "hiradix", "shortcuts")
+#: The compiled modules, by package. Only modules whose classes mypyc accepts can be here:
+#: no class that an interpreted class subclasses (the controllers, ``CacheCounters``), none that
+#: subclasses a built-in type or an interpreted class (the key types, ``SchedulerParams``, the
+#: metric tables), which is why those live in modules of their own. The rest is not where the
+#: time goes. Each package's ``__init__`` calls :func:`activate` with its name.
+GROUPS: dict[str, tuple[str, ...]] = {
+    "hicache.policy": ("radix", "allocator", "eviction", "hiradix", "shortcuts"),
+    "hicache": ("lifecycle",),
+    "sim": ("scheduler", "admission", "prefetching", "link"),
+}
+#: Every compiled module's dotted name (one mypyc build, one shared library: all or none).
+MODULES = tuple(f"{pkg}.{m}" for pkg, names in GROUPS.items() for m in names)
 
 ENV = "HICACHE_NATIVE"
 MODES = ("auto", "off", "require")
 PACKAGE_DIR = Path(__file__).resolve().parent
+#: The folder that holds the ``hicache`` and ``sim`` packages.
+ROOT = PACKAGE_DIR.parent.parent
 #: Where the build lives: ``hicache/policy/_native`` unless ``HICACHE_NATIVE_DIR`` names another
 #: folder (for an install whose package folder is read-only).
 BUILD_DIR = Path(os.environ.get("HICACHE_NATIVE_DIR") or PACKAGE_DIR / "_native")
@@ -43,9 +54,14 @@ def platform_tag() -> str:
     return f"{sys.implementation.cache_tag}-{platform.machine()}"
 
 
-def source_hashes(package_dir: Path = PACKAGE_DIR) -> dict[str, str]:
-    """SHA-256 of each compiled module's source file."""
-    return {m: hashlib.sha256((package_dir / f"{m}.py").read_bytes()).hexdigest() for m in MODULES}
+def source_file(module: str, root: Path | None = None) -> Path:
+    """The source of a compiled module (a dotted name of :data:`MODULES`)."""
+    return (ROOT if root is None else root).joinpath(*module.split(".")).with_suffix(".py")
+
+
+def source_hashes(root: Path | None = None) -> dict[str, str]:
+    """SHA-256 of each compiled module's source file, by dotted name."""
+    return {m: hashlib.sha256(source_file(m, root).read_bytes()).hexdigest() for m in MODULES}
 
 
 def _extension(directory: Path, stem: str) -> Path | None:
@@ -56,11 +72,15 @@ def _extension(directory: Path, stem: str) -> Path | None:
     return None
 
 
-def unusable_reason(build_dir: Path | None = None, package_dir: Path | None = None) -> str | None:
+def extension_dir(build_dir: Path, package: str) -> Path:
+    """Where a package's compiled modules sit in a build."""
+    return build_dir.joinpath(*package.split("."))
+
+
+def unusable_reason(build_dir: Path | None = None, root: Path | None = None) -> str | None:
     """Why the build in ``build_dir`` (default :data:`BUILD_DIR`) cannot be used with the
-    sources in ``package_dir`` (default this package's), or None when it can."""
+    sources under ``root`` (default :data:`ROOT`), or None when it can."""
     build_dir = BUILD_DIR if build_dir is None else build_dir
-    package_dir = PACKAGE_DIR if package_dir is None else package_dir
     try:
         manifest = json.loads((build_dir / MANIFEST).read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -75,47 +95,72 @@ def unusable_reason(build_dir: Path | None = None, package_dir: Path | None = No
     built = manifest.get("sources")
     if not isinstance(built, dict):
         return "manifest lists no sources; rebuild"
-    now = source_hashes(package_dir)
-    changed = sorted(m for m in MODULES if built.get(m) != now[m])
+    try:
+        now = source_hashes(root)
+    except OSError as e:
+        return f"a compiled module's source is missing ({e})"
+    changed = [m for m in MODULES if built.get(m) != now[m]]
     if changed:
-        names = ", ".join(f"{m}.py" for m in changed)
+        base = ROOT if root is None else root
+        names = ", ".join(str(source_file(m, base).relative_to(base)) for m in changed)
         return f"stale: {names} changed since the build; rebuild"
     for m in MODULES:
-        if _extension(build_dir / "hicache" / "policy", m) is None:
-            return f"the build has no compiled {m} module; rebuild"
+        package, _, stem = m.rpartition(".")
+        if _extension(extension_dir(build_dir, package), stem) is None:
+            return f"the build has no compiled {m}; rebuild"
     shared = manifest.get("shared")
     if not isinstance(shared, str) or _extension(build_dir, shared) is None:
         return "the build's shared library is missing; rebuild"
     return None
 
 
-def activate(package_path: list[str]) -> NativeStatus:
-    """Decide (by ``HICACHE_NATIVE``) whether this process uses the build; when it does, put
-    the build first on the package's search path. Called by ``hicache/policy/__init__.py``
-    before any of the compiled modules is imported."""
+_decided: NativeStatus | None = None
+
+
+def decide() -> NativeStatus:
+    """This process's choice, made once (by ``HICACHE_NATIVE`` and the build's manifest) and
+    then kept: every package of :data:`GROUPS` follows the same one."""
+    global _decided
+    if _decided is not None:
+        return _decided
     mode = os.environ.get(ENV, "auto").strip().lower() or "auto"
     if mode not in MODES:
         raise ImportError(f"{ENV}={mode!r}: choose one of {', '.join(MODES)}")
     if mode == "off":
-        return NativeStatus(False, f"interpreted ({ENV}=off)")
+        _decided = NativeStatus(False, f"interpreted ({ENV}=off)")
+        return _decided
     why = unusable_reason()
     if why is not None:
         if mode == "require":
-            raise ImportError(f"{ENV}=require, but the compiled policy core is unusable: {why}")
-        return NativeStatus(False, f"interpreted: compiled core {why}")
+            raise ImportError(f"{ENV}=require, but the compiled core is unusable: {why}")
+        _decided = NativeStatus(False, f"interpreted: compiled core {why}")
+        return _decided
     # the compiled modules import their shared library as a top-level module
     if str(BUILD_DIR) not in sys.path:
         sys.path.append(str(BUILD_DIR))
-    package_path.insert(0, str(BUILD_DIR / "hicache" / "policy"))
-    return NativeStatus(True, f"compiled ({BUILD_DIR})")
+    _decided = NativeStatus(True, f"compiled ({BUILD_DIR})")
+    return _decided
+
+
+def activate(package_path: list[str], package: str) -> NativeStatus:
+    """Called by the ``__init__`` of each package of :data:`GROUPS` before any of its compiled
+    modules is imported: when this process uses the build, the package's folder in it goes
+    first on the package's search path."""
+    if package not in GROUPS:
+        raise ValueError(f"{package!r} has no compiled modules")
+    status = decide()
+    if status.active:
+        where = str(extension_dir(BUILD_DIR, package))
+        if where not in package_path:
+            package_path.insert(0, where)
+    return status
 
 
 def compiled_modules() -> list[str]:
     """The modules of :data:`MODULES` that this process has loaded from the build."""
     out = []
     for m in MODULES:
-        mod = sys.modules.get(f"hicache.policy.{m}")
-        path = getattr(mod, "__file__", None) or ""
+        path = getattr(sys.modules.get(m), "__file__", None) or ""
         if path.startswith(str(BUILD_DIR)):
             out.append(m)
     return out

@@ -1,28 +1,28 @@
-"""The optional compiled policy core: the radix-tree modules built with mypyc.
+"""The optional compiled core: the hot modules built with mypyc.
 
-The policy core is plain Python and stays the reference. ``python -m hicache.policy.native
-build`` (``make native``; ``make demo`` and ``make test`` run it) compiles the modules that
-hold the per-node work (:data:`MODULES`) with mypyc, the compiler that ships with mypy, into
-``hicache/policy/_native/``, next to a manifest of the exact sources it compiled. The same
-source, compiled: every decision, clock value and page id stays as the interpreted code makes
-it (``tests/test_native_core.py`` compares whole runs), and the tree work runs about 2-3x
-faster (BENCHMARKS.md).
+Every module stays plain Python and the reference. ``python -m hicache.policy.native build``
+(``make native``; ``make demo`` and ``make test`` run it) compiles the modules that hold the
+per-node and per-event work (:data:`MODULES`: the radix tree and its allocators, the request
+lifecycle, the timed scheduler, its admission arithmetic and the link) with mypyc, the compiler
+that ships with mypy, into ``hicache/policy/_native/``, next to a manifest of the exact sources
+it compiled. The same source, compiled: every decision, clock value and page id stays as the
+interpreted code makes it (``tests/test_native_core.py`` compares whole runs), and runs take
+1.3-2.4x less time (BENCHMARKS.md).
 
-Whether a process uses the build is decided once, when :mod:`hicache.policy` is first
-imported, by the environment variable ``HICACHE_NATIVE``:
+Whether a process uses the build is decided once, when the first of ``hicache``,
+``hicache.policy`` and ``sim`` is imported, by the environment variable ``HICACHE_NATIVE``:
 
 * ``auto`` (the default): the build is used when it exists, was made for this interpreter and
-  platform, and its manifest matches the current sources byte for byte; otherwise the
+  machine, and its manifest matches the current sources byte for byte; otherwise the
   interpreted modules are used. A source edited after the build is therefore never shadowed by
   stale compiled code: it simply runs interpreted until the next build.
-* ``off``: always the interpreted modules (what the test suite's main run uses, since some
-  tests patch methods on instances, which compiled classes ignore).
-* ``require``: the build must be usable, or importing :mod:`hicache.policy` fails and says why.
+* ``off``: always the interpreted modules (what the test suite's main run uses: some tests
+  patch methods, which compiled classes do not look up).
+* ``require``: the build must be usable, or the import fails and says why.
 
 ``HICACHE_NATIVE_DIR`` names another folder for the build (an install whose package folder is
 read-only). ``python -m hicache.policy.native status`` says which one a process would get, and
-why.
-Standard library only: mypyc runs in a child process and only ``build`` needs it.
+why. Standard library only: mypyc runs in a child process and only ``build`` needs it.
 """
 
 from __future__ import annotations
@@ -40,21 +40,29 @@ from pathlib import Path
 from hicache.policy._loader import (
     BUILD_DIR,
     ENV,
+    GROUPS,
     MANIFEST,
     MODES,
     MODULES,
-    PACKAGE_DIR,
+    ROOT,
     NativeStatus,
     _extension,
     compiled_modules,
+    extension_dir,
     platform_tag,
+    source_file,
     source_hashes,
     unusable_reason,
 )
 
+#: What a build copies for mypyc to type-check the compiled modules against: the packages they
+#: import (the layers below ``sim``).
+PACKAGES = ("hicache", "sim", "traces")
+
 __all__ = [
     "BUILD_DIR",
     "ENV",
+    "GROUPS",
     "MODES",
     "MODULES",
     "NativeStatus",
@@ -84,13 +92,15 @@ def build(build_dir: Path | None = None, *, quiet: bool = False) -> Path:
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="hicache-native-") as tmp:
         work = Path(tmp) / "src"
-        pkg = work / "hicache" / "policy"
-        pkg.mkdir(parents=True)
-        (work / "hicache" / "__init__.py").write_text("", encoding="utf-8")
-        for src in PACKAGE_DIR.glob("*.py"):  # the whole package, for the type checker
-            shutil.copyfile(src, pkg / src.name)
-        hashes = source_hashes(pkg)  # of exactly what is compiled
-        cmd = [sys.executable, "-m", "mypyc", *(f"hicache/policy/{m}.py" for m in MODULES)]
+        # the packages the compiled modules import, for the type checker (sources only)
+        for package in PACKAGES:
+            for src in (ROOT / package).rglob("*.py"):
+                dest = work / src.relative_to(ROOT)
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(src, dest)
+        hashes = source_hashes(work)  # of exactly what is compiled
+        files = [str(source_file(m, work).relative_to(work)) for m in MODULES]
+        cmd = [sys.executable, "-m", "mypyc", *files]
         res = subprocess.run(cmd, cwd=work, capture_output=True, text=True, check=False)
         if res.returncode != 0:
             tail = "\n".join((res.stdout + res.stderr).strip().splitlines()[-30:])
@@ -99,13 +109,16 @@ def build(build_dir: Path | None = None, *, quiet: bool = False) -> Path:
         if len(shared) != 1:
             raise RuntimeError(f"expected one shared library from mypyc, found {len(shared)}")
         staging = Path(tmp) / "out"
-        (staging / "hicache" / "policy").mkdir(parents=True)
+        staging.mkdir()
         shutil.copy2(shared[0], staging / shared[0].name)
         for m in MODULES:
-            ext = _extension(pkg, m)
+            package, _, stem = m.rpartition(".")
+            ext = _extension(extension_dir(work, package), stem)
             if ext is None:
                 raise RuntimeError(f"mypyc produced no extension for {m}")
-            shutil.copy2(ext, staging / "hicache" / "policy" / ext.name)
+            dest = extension_dir(staging, package)
+            dest.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ext, dest / ext.name)
         manifest = {
             "platform": platform_tag(),
             "sources": hashes,
@@ -121,7 +134,9 @@ def build(build_dir: Path | None = None, *, quiet: bool = False) -> Path:
         shutil.move(str(staging), str(build_dir))
         shutil.rmtree(old, ignore_errors=True)
     if not quiet:
-        print(f"compiled {', '.join(MODULES)} in {time.perf_counter() - t0:.1f}s -> {build_dir}")
+        took = time.perf_counter() - t0
+        print(f"compiled {len(MODULES)} modules ({', '.join(MODULES)}) in {took:.0f}s -> "
+              f"{build_dir}")  # fmt: skip
     return build_dir
 
 

@@ -75,6 +75,7 @@ CASES = {
 }  # fmt: skip
 
 
+@pytest.mark.interpreted_only  # switches the fast paths off by patching methods
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_gated_chains_change_nothing(
     trace: Any, case: str, monkeypatch: pytest.MonkeyPatch

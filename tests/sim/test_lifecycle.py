@@ -470,7 +470,12 @@ def test_with_symbols_keeps_every_other_field() -> None:
     later and not passed on would make these differ."""
     import dataclasses
 
-    values = {f.name: f"<{f.name}>" for f in dataclasses.fields(PagedRequest)}
-    r = PagedRequest(**values)  # type: ignore[arg-type]  # a distinct value per field
+    values: dict[str, object] = {
+        "symbols": PageKey(("a", "b")), "input_length": 130, "output_length": 7, "rid": 3,
+        "arrival_s": 1.5, "session": "s", "turn": 2, "think_time_s": 0.25,
+    }  # fmt: skip
+    # none is a default, and a field added to PagedRequest must be added here
+    assert set(values) == {f.name for f in dataclasses.fields(PagedRequest)}
+    r = PagedRequest(**values)  # type: ignore[arg-type]
     got = r.with_symbols(PageKey(("c",)))
     assert got == dataclasses.replace(r, symbols=PageKey(("c",)))

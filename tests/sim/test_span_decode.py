@@ -68,6 +68,7 @@ CASES: dict[str, tuple[Path, list[str]]] = {
 }  # fmt: skip
 
 
+@pytest.mark.interpreted_only  # switches the fast paths off by patching methods
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_spanned_segments_change_nothing(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
     path, sets = CASES[case]
