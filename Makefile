@@ -26,13 +26,13 @@ $(VENV)/.dev: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[dev,replay,cluster,native]'
 	@touch $@ $(VENV)/.base $(VENV)/.native
 
-# mypyc, for the compiled policy core (hicache/policy/native.py)
+# mypyc, for the compiled core (hicache/policy/native.py)
 $(VENV)/.native: pyproject.toml | $(VENV)/.base
 	$(BIN)/python -m pip install -q -e '.[native]'
 	@touch $@
 
-# the compiled policy core: the same decisions, 2-3x faster tree work; rebuilt when a compiled
-# module's source changed. `make demo` goes on interpreted when it cannot be built.
+# the compiled core: the same decisions, faster; rebuilt when a compiled module's source
+# changed. `make demo` goes on interpreted when it cannot be built.
 native: $(VENV)/.native
 	$(BIN)/python -m hicache.policy.native build --if-needed
 
@@ -47,9 +47,10 @@ lint: $(VENV)/.dev
 typecheck: $(VENV)/.dev
 	$(BIN)/mypy
 
-# the tests that drive the policy core, run a second time on its compiled build
+# the tests that drive the compiled modules, run a second time on the compiled build
 NATIVE_TESTS := tests/policy tests/sim tests/test_hitrate.py tests/test_hitrate_storage.py \
-	tests/test_engine.py tests/test_storage_sim.py tests/test_conformance_harness.py
+	tests/test_engine.py tests/test_storage_sim.py tests/test_sim_storage_run.py \
+	tests/test_conformance_harness.py tests/test_run_cli.py
 
 # the whole suite on the interpreted core (the reference), then NATIVE_TESTS on the compiled one
 pytest: $(VENV)/.dev

@@ -417,8 +417,8 @@ def run_simulation(
         from hicache.policy import NATIVE
 
         conf["version"] = __version__
-        # which build of the policy core ran (the same decisions either way; speed differs)
-        conf["policy_core"] = "compiled" if NATIVE.active else "interpreted"
+        # whether the compiled build ran (the same decisions either way; only speed differs)
+        conf["compiled_core"] = NATIVE.active
         write_json_atomic(conf, out_dir / "config.json")
         for name, df in frames.items():
             write_parquet_atomic(df, out_dir / f"{name}.parquet")

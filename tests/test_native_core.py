@@ -133,9 +133,10 @@ def test_activate_follows_the_environment(tmp_path: Path, monkeypatch: pytest.Mo
 
 # ------------------------------------------------------------------ compiled == interpreted --
 
-#: The child: the cache-only replay and the timed simulator over the head of the bundled
-#: conversation trace, in configurations that reach every compiled module's branches; prints
-#: every result that a decision, a clock value or a page id could change.
+#: The child: the cache-only replay and the timed simulator (one server, an L3 tier, two
+#: servers behind a router) over the head of the bundled conversation trace, in configurations
+#: that reach the compiled modules' branches; prints every result that a decision, a clock
+#: value or a page id could change.
 CHILD = r"""
 import json, sys
 from hicache.config import load_config
@@ -176,6 +177,8 @@ for overrides in (
     ["scheduler.chunked_prefill_size=512"],
     ["cache.write_policy=write_back", "cache.eviction=lfu"],
     ["cache.page_size=1"],
+    ["storage.backend=mooncake", "workload.rate_scale=0.5"],
+    ["cluster.instances=2", "router.policy=cache_aware"],
 ):
     cfg = load_config(None, ["workload.max_requests=400", *overrides])
     s = run_simulation(cfg, trace, None, progress=False)
@@ -211,6 +214,6 @@ def test_the_compiled_core_decides_exactly_as_the_interpreted_one(tmp_path: Path
         return json.loads(res.stdout.strip().splitlines()[-1])
 
     native, interpreted = run("native"), run("interpreted")
-    assert isinstance(native, dict) and len(native) == 16
+    assert isinstance(native, dict) and len(native) == 18
     for name, got in native.items():
         assert got == interpreted[name], name

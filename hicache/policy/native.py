@@ -142,10 +142,10 @@ def build(build_dir: Path | None = None, *, quiet: bool = False) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m hicache.policy.native", description="The optional compiled policy core."
+        prog="python -m hicache.policy.native", description="The optional compiled core."
     )
     sub = ap.add_subparsers(dest="cmd", required=True)
-    b = sub.add_parser("build", help="compile the tree modules with mypyc")
+    b = sub.add_parser("build", help="compile the hot modules with mypyc")
     b.add_argument(
         "--optional",
         action="store_true",
@@ -161,12 +161,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.cmd == "build":
         if args.if_needed and unusable_reason() is None:
-            print(f"compiled policy core up to date ({BUILD_DIR})")
+            print(f"compiled core up to date ({BUILD_DIR})")
             return 0
         try:
             build()
         except RuntimeError as e:
-            print(f"compiled policy core not built: {e}", file=sys.stderr)
+            print(f"compiled core not built: {e}", file=sys.stderr)
             return 0 if args.optional else 1
         why = unusable_reason()
         if why is not None:  # built, but would not be picked up: say so rather than pretend
