@@ -83,7 +83,7 @@ class Engine:
         ]  # fmt: skip
         if not record_spans:
             for inst in self.instances:
-                inst.sched.spans = _Discard()
+                inst.sched.record_spans = False
         for inst in self.instances:
             inst.sched.span_ok = not closed_loop
         self.storage = storage
@@ -313,13 +313,6 @@ class _Arrivals:
         self._head = None
         self._next += 1
         return head
-
-
-class _Discard(list[Any]):
-    """A list that keeps nothing appended to it (compute spans nobody will read)."""
-
-    def append(self, _item: Any) -> None:
-        return None
 
 
 def _stall_message(engine: Engine, total: int, why: str) -> str:

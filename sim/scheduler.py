@@ -164,6 +164,7 @@ class Scheduler(Prefetching):
         self.new_token_ratio = init
         self._wake: simpy.Event = env.event()
         self.spans: list[tuple[str, float, float, int]] = []  # compute: (kind, start, end, bs)
+        self.record_spans = True  # False: no compute spans kept (nobody will read them)
         # decode steps a decode call has run but not yet added to the requests' counters
         self.pending_steps = 0
         # the running requests' kv_tokens, summed (kept exact, in integers, as they change)
@@ -387,7 +388,8 @@ class Scheduler(Prefetching):
             end = max(end, float(piped))
         if end > env.now:
             yield env.timeout(end - env.now)
-        self.spans.append(("prefill", start, end, len(batch)))
+        if self.record_spans:
+            self.spans.append(("prefill", start, end, len(batch)))
         stall = end - (start + compute)
         for req, ext, _ in batch:
             req.prefill_s += compute
@@ -515,7 +517,8 @@ class Scheduler(Prefetching):
                     self.new_token_ratio = max(
                         self.min_ratio, self.new_token_ratio - self.ratio_decay * k
                     )
-                    self.spans.append(("decode", start, end, bs))
+                    if self.record_spans:
+                        self.spans.append(("decode", start, end, bs))
                     done += k
                 self.pending_steps = done
                 if done >= finish or cut or self.waiting or self.chunked is not None:
@@ -576,13 +579,15 @@ class Scheduler(Prefetching):
                 skipped += cum[k - 1]
                 # the boundaries it ran through: their pages, and a compute span each
                 for step in self._take_boundary_pages(bounds, done + k):
-                    self.spans.append(("decode", start, ends[step - done - 1], bs))
+                    if self.record_spans:
+                        self.spans.append(("decode", start, ends[step - done - 1], bs))
                     start = ends[step - done - 1]
             else:
                 self.new_token_ratio = max(
                     self.min_ratio, self.new_token_ratio - self.ratio_decay * k
                 )
-            self.spans.append(("decode", start, end, bs))
+            if self.record_spans:
+                self.spans.append(("decode", start, end, bs))
             done += k
             self.pending_steps = done
             if gate is not None:

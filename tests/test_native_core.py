@@ -17,6 +17,7 @@ from hicache.policy import _loader
 from hicache.policy._loader import (
     GROUPS,
     MODULES,
+    PACKAGES,
     NativeStatus,
     activate,
     source_hashes,
@@ -64,11 +65,30 @@ def test_a_missing_build_says_how_to_make_one(tmp_path: Path) -> None:
 
 def test_an_edited_source_makes_the_build_stale(tmp_path: Path) -> None:
     sources = source_hashes()
-    sources["hicache.policy.hiradix"] = "0" * 64
-    sources["sim.scheduler"] = "1" * 64
+    sources["hicache/policy/hiradix.py"] = "0" * 64
+    sources["sim/scheduler.py"] = "1" * 64
     why = unusable_reason(fake_build(tmp_path, sources=sources))
     assert why == (
         "stale: hicache/policy/hiradix.py, sim/scheduler.py changed since the build; rebuild"
+    )
+
+
+def test_any_source_the_build_was_checked_against_counts(tmp_path: Path) -> None:
+    """Not only the compiled modules: an edited, added or deleted source anywhere in the
+    packages they import makes the build stale (mypyc built in what it knew of them)."""
+    root = tmp_path / "src"
+    for package in PACKAGES:
+        shutil.copytree(ROOT / package, root / package,
+                        ignore=shutil.ignore_patterns("_native", "__pycache__"))  # fmt: skip
+    build = fake_build(tmp_path / "build", sources=source_hashes(root))
+    assert unusable_reason(build, root) is None
+    (root / "traces" / "schema.py").write_text("# edited\n", encoding="utf-8")
+    (root / "sim" / "new_module.py").write_text("", encoding="utf-8")
+    (root / "hicache" / "servers.py").unlink()
+    (root / "sim" / "routers.py").write_text("# edited\n", encoding="utf-8")
+    assert unusable_reason(build, root) == (
+        "stale: hicache/servers.py, sim/new_module.py, sim/routers.py and 1 more changed since "
+        "the build; rebuild"
     )
 
 

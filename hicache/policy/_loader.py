@@ -59,9 +59,20 @@ def source_file(module: str, root: Path | None = None) -> Path:
     return (ROOT if root is None else root).joinpath(*module.split(".")).with_suffix(".py")
 
 
+#: The packages a build is compiled against: the compiled modules' own and every one they
+#: import (the layers below ``sim``). mypyc builds in what it knows of the classes and
+#: functions they use, so a build matches only the exact sources of all of them.
+PACKAGES = ("hicache", "sim", "traces")
+
+
 def source_hashes(root: Path | None = None) -> dict[str, str]:
-    """SHA-256 of each compiled module's source file, by dotted name."""
-    return {m: hashlib.sha256(source_file(m, root).read_bytes()).hexdigest() for m in MODULES}
+    """SHA-256 of every source file of :data:`PACKAGES`, by path relative to ``root``."""
+    base = ROOT if root is None else root
+    out = {}
+    for package in PACKAGES:
+        for path in sorted((base / package).rglob("*.py")):
+            out[path.relative_to(base).as_posix()] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return out
 
 
 def _extension(directory: Path, stem: str) -> Path | None:
@@ -98,11 +109,12 @@ def unusable_reason(build_dir: Path | None = None, root: Path | None = None) -> 
     try:
         now = source_hashes(root)
     except OSError as e:
-        return f"a compiled module's source is missing ({e})"
-    changed = [m for m in MODULES if built.get(m) != now[m]]
+        return f"a source cannot be read ({e})"
+    changed = sorted(f for f in built.keys() | now.keys() if built.get(f) != now.get(f))
     if changed:
-        base = ROOT if root is None else root
-        names = ", ".join(str(source_file(m, base).relative_to(base)) for m in changed)
+        names = ", ".join(changed[:3]) + (
+            f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+        )
         return f"stale: {names} changed since the build; rebuild"
     for m in MODULES:
         package, _, stem = m.rpartition(".")

@@ -14,8 +14,9 @@ Whether a process uses the build is decided once, when the first of ``hicache``,
 
 * ``auto`` (the default): the build is used when it exists, was made for this interpreter and
   machine, and its manifest matches the current sources byte for byte; otherwise the
-  interpreted modules are used. A source edited after the build is therefore never shadowed by
-  stale compiled code: it simply runs interpreted until the next build.
+  interpreted modules are used. The manifest covers every source of ``hicache``, ``sim`` and
+  ``traces`` (what the compiled modules were checked against), so a source edited after the
+  build is never shadowed by stale compiled code: it all runs interpreted until the next build.
 * ``off``: always the interpreted modules (what the test suite's main run uses: some tests
   patch methods, which compiled classes do not look up).
 * ``require``: the build must be usable, or the import fails and says why.
@@ -44,6 +45,7 @@ from hicache.policy._loader import (
     MANIFEST,
     MODES,
     MODULES,
+    PACKAGES,
     ROOT,
     NativeStatus,
     _extension,
@@ -54,10 +56,6 @@ from hicache.policy._loader import (
     source_hashes,
     unusable_reason,
 )
-
-#: What a build copies for mypyc to type-check the compiled modules against: the packages they
-#: import (the layers below ``sim``).
-PACKAGES = ("hicache", "sim", "traces")
 
 __all__ = [
     "BUILD_DIR",
@@ -98,7 +96,7 @@ def build(build_dir: Path | None = None, *, quiet: bool = False) -> Path:
                 dest = work / src.relative_to(ROOT)
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(src, dest)
-        hashes = source_hashes(work)  # of exactly what is compiled
+        hashes = source_hashes(work)  # of exactly what is compiled and checked against
         files = [str(source_file(m, work).relative_to(work)) for m in MODULES]
         cmd = [sys.executable, "-m", "mypyc", *files]
         res = subprocess.run(cmd, cwd=work, capture_output=True, text=True, check=False)

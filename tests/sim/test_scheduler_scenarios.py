@@ -564,6 +564,23 @@ def test_a_request_can_be_retracted_twice() -> None:
     assert list(e.sched.waiting) == [q] and (p.retractions, q.retractions) == (0, 2)
 
 
+def test_spans_are_kept_only_when_asked_for() -> None:
+    """A run that keeps no compute spans (no Chrome trace) appends none: the scheduler checks
+    its flag, since the compiled scheduler would not see an ``append`` overridden in a list
+    subclass. Same requests, same decisions either way."""
+
+    def run(record: bool) -> tuple[Engine, list[float]]:
+        reqs = [req(0, 0.0, 16, 10), req(1, 0.030, 16, 3)]
+        e = engine(reqs, record_spans=record,
+                   costs=costs(decode_step=0.01, decode_per_kv_token=1e-4))  # fmt: skip
+        e.run()
+        return e, [r.finish for r in reqs]
+
+    (kept, kept_ends), (dropped, dropped_ends) = run(True), run(False)
+    assert len(kept.sched.spans) >= 3 and dropped.sched.spans == []
+    assert dropped_ends == kept_ends and min(kept_ends) > 0
+
+
 def test_decode_step_cost_depends_on_batch_size_and_kv() -> None:
     # page 16; a step costs 10 ms + 1 ms per request + 0.1 ms per KV token. A and B (16
     # tokens, 3 outputs) prefill together (3.2 ms), then one segment of 2 steps (to the finish):
