@@ -153,22 +153,10 @@ class PageAllocator:
         In FIFO mode a ``list`` is kept as it is, not copied: the caller must not modify it
         afterwards (the policy core frees node values it drops, and fresh slices).
         """
-        if not self._front:
-            if type(pages) is not list:
-                pages = list(pages)
-            if pages:
-                self._chunks.append(pages)
-                self._count += len(pages)
-            return
-        new = sorted(set(pages))
-        if not new:
-            return
-        chunks = self._chunks
-        if self._pos:
-            chunks[0] = chunks[0][self._pos :]
-            self._pos = 0
-        chunks.appendleft(new)
-        self._count += len(new)
+        if self._front:
+            self.free_distinct(sorted(set(pages)))  # SGLang's de-duplication (torch.unique)
+        else:
+            self.free_distinct(pages if type(pages) is list else list(pages))
 
     def free_distinct(self, pages: list[int]) -> None:
         """:meth:`free` for a list that holds no page twice (what the policy core and the
