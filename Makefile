@@ -52,10 +52,11 @@ NATIVE_TESTS := tests/policy tests/sim tests/test_hitrate.py tests/test_hitrate_
 	tests/test_engine.py tests/test_storage_sim.py tests/test_sim_storage_run.py \
 	tests/test_conformance_harness.py tests/test_run_cli.py
 
-# the whole suite on the interpreted core (the reference), then NATIVE_TESTS on the compiled one
+# the whole suite on the interpreted modules (the reference), then NATIVE_TESTS on the
+# compiled build
 pytest: $(VENV)/.dev
-	HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest
 	$(BIN)/python -m hicache.policy.native build --if-needed
+	HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest
 	HICACHE_NATIVE=require HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest $(NATIVE_TESTS)
 
 test: lint typecheck pytest
