@@ -217,8 +217,11 @@ def test_interrupt_stops_workers_without_a_traceback(tmp_path: Path) -> None:
     import time
 
     flag = tmp_path / "started"
+    # SIGINT as a terminal's foreground job has it: a shell that starts this suite in the
+    # background (`cmd &` in a script) passes SIGINT on ignored, and Python then keeps it so
     script = f"""
-import argparse, pathlib, time
+import argparse, pathlib, signal, time
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from cli.errors import run_command
 from studies.sweep.executors import map_local
 
