@@ -388,8 +388,7 @@ class Scheduler(Prefetching):
             end = max(end, float(piped))
         if end > env.now:
             yield env.timeout(end - env.now)
-        if self.record_spans:
-            self.spans.append(("prefill", start, end, len(batch)))
+        self._span("prefill", start, end, len(batch))
         stall = end - (start + compute)
         for req, ext, _ in batch:
             req.prefill_s += compute
@@ -514,11 +513,8 @@ class Scheduler(Prefetching):
                 segs, cut = self._plan_span(bounds, done, finish, a, b, kv0, bs)
                 yield env.timeout(segs[-1][1] - env.now)
                 for start, end, k in segs:  # what the segments' own calls would leave
-                    self.new_token_ratio = max(
-                        self.min_ratio, self.new_token_ratio - self.ratio_decay * k
-                    )
-                    if self.record_spans:
-                        self.spans.append(("decode", start, end, bs))
+                    self._decay(k)
+                    self._span("decode", start, end, bs)
                     done += k
                 self.pending_steps = done
                 if done >= finish or cut or self.waiting or self.chunked is not None:
@@ -579,15 +575,11 @@ class Scheduler(Prefetching):
                 skipped += cum[k - 1]
                 # the boundaries it ran through: their pages, and a compute span each
                 for step in self._take_boundary_pages(bounds, done + k):
-                    if self.record_spans:
-                        self.spans.append(("decode", start, ends[step - done - 1], bs))
+                    self._span("decode", start, ends[step - done - 1], bs)
                     start = ends[step - done - 1]
             else:
-                self.new_token_ratio = max(
-                    self.min_ratio, self.new_token_ratio - self.ratio_decay * k
-                )
-            if self.record_spans:
-                self.spans.append(("decode", start, end, bs))
+                self._decay(k)
+            self._span("decode", start, end, bs)
             done += k
             self.pending_steps = done
             if gate is not None:
@@ -786,6 +778,15 @@ class Scheduler(Prefetching):
         victim.filled = 0
         self._enqueue(victim)
         self.new_token_ratio = self.init_ratio
+
+    def _span(self, kind: str, start: float, end: float, bs: int) -> None:
+        """Record a compute span, if this run keeps them (``record_spans``)."""
+        if self.record_spans:
+            self.spans.append((kind, start, end, bs))
+
+    def _decay(self, steps: int) -> None:
+        """``new_token_ratio`` after ``steps`` decode steps of one decode call."""
+        self.new_token_ratio = max(self.min_ratio, self.new_token_ratio - self.ratio_decay * steps)
 
     def _finish(self, req: SimReq) -> None:
         assert req.kv is not None
