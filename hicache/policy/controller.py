@@ -81,6 +81,9 @@ class WriteOp:
     device_pages: list[int]
     host_pages: list[int]
     done: bool = False
+    node_ids: list[int] | None = None
+    """The nodes of a merged op (0.5.23's ``start_writing``), in submission order; None for
+    one node's own op (``node_id``)."""
 
 
 @dataclass(slots=True)
@@ -123,6 +126,10 @@ class BaseController:
         self.write_queue: deque[WriteOp] = deque()
         self.load_queue: deque[LoadBatch] = deque()
         self.pending_loads: list[LoadOp] = []
+        self.merge_writes = False
+        """0.5.23: ``write`` reserves host pages and queues the copy; ``start_writing`` submits
+        every queued write as one op (``write(flush=False)`` + ``flush_pending_backups``)."""
+        self.pending_writes: list[WriteOp] = []
         self._next_op = 0
         # running totals (tokens), handy for reports and tests
         self.tokens_written = 0
@@ -140,13 +147,35 @@ class BaseController:
         if host_pages is None:
             self.host_alloc_failures += 1
             return None
+        if self.merge_writes:
+            self.pending_writes.append(WriteOp(0, node_id, device_pages, host_pages))
+            return host_pages
         self._next_op += 1
         op = WriteOp(self._next_op, node_id, device_pages, host_pages)
+        self._submit_write(op)
+        return host_pages
+
+    def start_writing(self) -> None:
+        """Submit every queued write as one merged op (0.5.23 ``start_writing``)."""
+        if not self.pending_writes:
+            return
+        queued, self.pending_writes = self.pending_writes, []
+        self._next_op += 1
+        device: list[int] = []
+        host: list[int] = []
+        for w in queued:
+            device += w.device_pages
+            host += w.host_pages
+        op = WriteOp(
+            self._next_op, queued[0].node_id, device, host, node_ids=[w.node_id for w in queued]
+        )
+        self._submit_write(op)
+
+    def _submit_write(self, op: WriteOp) -> None:
         self.write_queue.append(op)
         self.write_ops += 1
-        self.tokens_written += len(host_pages) * self.page_size
+        self.tokens_written += len(op.host_pages) * self.page_size
         self._issue_write(op)
-        return host_pages
 
     def load(self, host_pages: list[int], node_id: int) -> list[int] | None:
         device_pages = self.device.alloc_pages(len(host_pages))
@@ -172,12 +201,21 @@ class BaseController:
         q = self.write_queue
         out: list[int] = []
         while q and q[0].done:
-            out.append(q.popleft().node_id)
+            op = q.popleft()
+            if op.node_ids is None:
+                out.append(op.node_id)
+            else:
+                out += op.node_ids
         return out
 
     def wait_writes(self) -> list[int]:
         self._wait_all_writes()
-        out = [op.node_id for op in self.write_queue]
+        out: list[int] = []
+        for op in self.write_queue:
+            if op.node_ids is None:
+                out.append(op.node_id)
+            else:
+                out += op.node_ids
         if not all(op.done for op in self.write_queue):
             raise AssertionError("wait_writes returned with unfinished writes")
         self.write_queue.clear()
@@ -200,6 +238,7 @@ class BaseController:
 
     def reset(self) -> None:
         self.write_queue.clear()
+        self.pending_writes.clear()
         self.load_queue.clear()
         self.pending_loads.clear()
         if self.host is not None:

@@ -1,0 +1,334 @@
+"""SGLang 0.5.23's ``UnifiedRadixCache`` controller, dense path, L1/L2
+(``mem_cache/unified_radix_cache.py``): *when* to evict, back up and load back, and the acks.
+
+The tree (:class:`~hicache.policy.v0523.tree.TreeCore`) decides *what*. The copies go through a
+:class:`~hicache.policy.controller.BaseController` in ``merge_writes`` mode: a backup reserves
+host pages at once and is submitted with every other queued backup by :meth:`flush_pending_backups`
+(SGLang's ``write(flush=False)`` and ``start_writing``).
+
+Method names are SGLang's. Lengths are in tokens; keys are paged tuples; values are page ids.
+Differences from 0.5.14 (``hicache.policy.hiradix``) are listed in ``shared/design/SGLANG_0523.md``;
+the ones that live here: eviction to an availability target, per-victim write_back with the
+subtree drop, backups of unbacked ancestors, host eviction of the shortfall only, load_back that
+locks the whole chain and evicts before loading.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Hashable
+from typing import Any
+
+from hicache.policy.controller import BaseController
+from hicache.policy.v0523.node import UNode
+from hicache.policy.v0523.tree import Match, TreeCore
+
+WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
+
+#: Host hits shorter than this are recomputed (``load_back_threshold``, unchanged since 0.5.14).
+LOAD_BACK_THRESHOLD = 10
+
+
+class _WriteThrough:
+    """``_OngoingWriteThrough``: the node acked, whether it holds a device lock, and the nodes
+    to publish (the node and, after splits, its fragments)."""
+
+    __slots__ = ("locked", "node", "publish")
+
+    def __init__(self, node: UNode, locked: bool) -> None:
+        self.node = node
+        self.locked = locked
+        self.publish = [node]
+
+
+class _LoadBack:
+    __slots__ = ("anchor", "host_uuid")
+
+    def __init__(self, anchor: UNode, host_uuid: int | None) -> None:
+        self.anchor = anchor
+        self.host_uuid = host_uuid
+
+
+class UnifiedRadixCache:
+    """The 0.5.23 cache (see the module docstring). ``controller.host is None``: no HiCache."""
+
+    sglang_version = "0.5.23"
+
+    def __init__(
+        self,
+        controller: BaseController,
+        *,
+        write_policy: str = "write_through",
+        eviction_policy: str = "lru",
+        eviction_policy_config: dict[str, Any] | None = None,
+        load_back_threshold: int = LOAD_BACK_THRESHOLD,
+    ) -> None:
+        if write_policy not in WRITE_POLICIES:
+            raise ValueError(
+                f"unknown write policy {write_policy!r}; choose one of {', '.join(WRITE_POLICIES)}"
+            )
+        self.controller = controller
+        controller.merge_writes = True
+        self.page_size = controller.page_size
+        self.write_policy = write_policy
+        self.has_host = controller.host is not None
+        self.load_back_threshold = load_back_threshold
+        self.tree = TreeCore(self, self.page_size, eviction_policy, eviction_policy_config)
+        if self.has_host:
+            self.tree.enable_hicache = True
+            self.tree.is_write_back = write_policy == "write_back"
+            self.tree.write_through_threshold = 1 if write_policy == "write_through" else 2
+        self.ongoing_write_through: dict[int, _WriteThrough] = {}
+        self.ongoing_load_back: dict[int, _LoadBack] = {}
+
+    @property
+    def root(self) -> UNode:
+        return self.tree.root
+
+    def reset(self) -> None:
+        self.tree.reset()
+        self.ongoing_write_through.clear()
+        self.ongoing_load_back.clear()
+        self.controller.reset()
+
+    # -- the tree's sink -------------------------------------------------------------------
+    def free_device(self, pages: list[int]) -> None:
+        if pages:
+            self.controller.free_device(pages)
+
+    def free_host(self, pages: list[int]) -> None:
+        if pages:
+            self.controller.free_host(pages)
+
+    def backup(self, chain: list[UNode]) -> None:
+        self.execute_backup(chain)
+
+    def pending_split(self, ack_id: int, old: UNode, new: UNode) -> None:
+        """``_replace_pending_write_through_node``: ``old`` becomes ``[new, old]``."""
+        pending = self.ongoing_write_through.get(ack_id)
+        if pending is None or old not in pending.publish:
+            return
+        out: list[UNode] = []
+        for n in pending.publish:
+            out += [new, old] if n is old else [n]
+        pending.publish = out
+
+    # -- match / insert / locks ------------------------------------------------------------
+    def match_prefix(self, key: tuple[Hashable, ...]) -> Match:
+        return self.tree.match_prefix(key)
+
+    def insert(
+        self,
+        key: tuple[Hashable, ...],
+        value: list[int],
+        *,
+        prev_prefix_len: int = 0,
+        inserted_len: int = 0,
+        priority: int = 0,
+    ) -> tuple[int, UNode]:
+        """``insert(InsertParams)``: returns ``(prefix_len, last_device_node)``."""
+        return self.tree.insert(key, value, prev_prefix_len, inserted_len, priority)
+
+    def inc_lock_ref(self, node: UNode) -> int:
+        return self.tree.inc_lock_ref(node)
+
+    def dec_lock_ref(self, node: UNode) -> None:
+        self.tree.dec_lock_ref(node)
+
+    @property
+    def evictable_size(self) -> int:
+        return self.tree.evictable_size
+
+    @property
+    def protected_size(self) -> int:
+        return self.tree.protected_size
+
+    # -- eviction --------------------------------------------------------------------------
+    def evict(self, num_tokens: int) -> int:
+        """``evict(EvictParams(num_tokens))``: evict until ``num_tokens`` are freed."""
+        return self._evict(num_tokens, None)
+
+    def evict_for_alloc(self, num_tokens: int) -> int:
+        """``evict_for_alloc``: ``num_tokens`` is the allocator's shortfall; the walk runs until
+        the allocator has that much more available than now."""
+        if num_tokens <= 0:
+            return self._evict(num_tokens, None)
+        return self._evict(num_tokens, self.controller.device.available_size() + num_tokens)
+
+    def _evict(self, request: int, target: int | None) -> int:
+        tracked = [0]
+        self._evict_walk(request, target, tracked)
+        if self.tree.is_write_back:
+            self.writing_check(write_back=True)
+        return tracked[0]
+
+    def _evict_walk(self, request: int, target: int | None, tracked: list[int]) -> None:
+        """``_evict_components`` for FULL (one heap over device leaves, parents pushed as they
+        become leaves; write_back victims backed up, waited for and demoted one at a time)."""
+        tree = self.tree
+        device = self.controller.device
+
+        def reached() -> bool:
+            return target is not None and device.available_size() >= target
+
+        to_target = request > 0 and target is not None
+        if reached() or (not to_target and tracked[0] >= request):
+            return
+        quota = max(request, tracked[0] + tree.evictable_size) if to_target else request
+        heap = tree.eviction_heap(tree.device_leaves)
+        last: UNode | None = None
+        while True:
+            if last is not None and last.parent is not None and last.parent in tree.device_leaves:
+                heapq.heappush(heap, (tree.key_fn(last.parent), last.parent))
+            last = None
+            x: UNode | None = None
+            while tracked[0] < quota and heap:
+                _, cand = heapq.heappop(heap)
+                if cand in tree.device_leaves:
+                    x = cand
+                    break
+            if x is None:
+                break
+            last = x
+            self._evict_leaf(x, tracked)
+            if reached():
+                break
+
+    def _evict_leaf(self, x: UNode, tracked: list[int]) -> None:
+        """``evict_device_leaf`` and, under write_back, the deferred demote."""
+        tree = self.tree
+        assert tree.is_device_leaf(x)
+        if x.host_value is not None:
+            tracked[0] += tree.demote(x)
+            return
+        if not tree.is_write_back:
+            tracked[0] += tree.delete_unbacked_leaf(x)
+            return
+        if self.execute_backup([x], write_back=True) > 0:
+            self.writing_check(write_back=True)
+            tracked[0] += tree.demote(x)
+            return
+        dropped = tree.drop_subtree_no_host(x)
+        if dropped is not None:
+            tracked[0] += dropped
+
+    def evict_host(self, num_tokens: int) -> int:
+        """``evict_host``: free host pages (duplicates first under write_back)."""
+        return self.tree.drive_host_eviction(num_tokens)
+
+    # -- backups ---------------------------------------------------------------------------
+    def execute_backup(self, chain: list[UNode], write_back: bool = False) -> int:
+        """``_execute_and_commit_kv_backup``: back up the chain parent first, stopping at the
+        first failure (0); returns the tokens of the last backup."""
+        written = 0
+        ctrl = self.controller
+        host = ctrl.host
+        assert host is not None
+        for node in chain:
+            assert node.value is not None
+            if node.host_value is not None:
+                continue
+            need = len(node.value) * self.page_size
+            avail = host.available_size()
+            if avail < need and self.evict_host(need - avail) < need - avail:
+                return 0
+            host_pages = ctrl.write(node.value, node.id)
+            if host_pages is None:
+                return 0
+            node.host_value = host_pages
+            locked = False
+            if not write_back:
+                self.tree.inc_lock_ref(node)
+                locked = True
+            assert node.write_through_pending_id in (None, node.id)
+            node.write_through_pending_id = node.id
+            self.ongoing_write_through[node.id] = _WriteThrough(node, locked)
+            written = len(host_pages) * self.page_size
+        return written
+
+    def _finish_write_through_ack(self, ack_id: int) -> None:
+        pending = self.ongoing_write_through.pop(ack_id)
+        for n in pending.publish:
+            if n.write_through_pending_id == ack_id:
+                n.write_through_pending_id = None
+                self.tree.update_duplicate(n)
+        if pending.locked:
+            self.tree.dec_lock_ref(pending.node)
+
+    def flush_pending_backups(self) -> None:
+        """Submit the queued backups as one merged op (once per batch result)."""
+        self.controller.start_writing()
+
+    def writing_check(self, write_back: bool = False) -> None:
+        """Process finished write acks; ``write_back``: submit what is queued and wait for all."""
+        if write_back:
+            self.controller.start_writing()
+            for ack_id in self.controller.wait_writes():
+                if ack_id in self.ongoing_write_through:
+                    self._finish_write_through_ack(ack_id)
+            assert not self.ongoing_write_through
+            return
+        for ack_id in self.controller.pop_completed_writes():
+            self._finish_write_through_ack(ack_id)
+
+    # -- load back -------------------------------------------------------------------------
+    def load_back(self, anchor: UNode) -> bool:
+        """``load_back`` (no memory quota: the scheduler passes none)."""
+        tree = self.tree
+        uuid = tree.inc_host_lock_ref(anchor)
+        tree.inc_lock_ref(anchor)
+        nodes = tree.load_back_chain(anchor)
+        host_pages: list[int] = []
+        for n in nodes or ():
+            host_pages += n.host_value  # type: ignore[arg-type]
+        kv_tokens = len(host_pages) * self.page_size
+        if kv_tokens < max(1, self.load_back_threshold):
+            tree.dec_lock_ref(anchor)
+            tree.dec_host_lock_ref(anchor, uuid)
+            return False
+        device = self.controller.device
+        if device.available_size() < kv_tokens:
+            self.evict_for_alloc(kv_tokens - device.available_size())
+            if device.available_size() < kv_tokens:
+                tree.dec_lock_ref(anchor)
+                tree.dec_host_lock_ref(anchor, uuid)
+                return False
+        pages = self.controller.load(host_pages, anchor.id)
+        tree.dec_lock_ref(anchor)
+        if pages is None:
+            tree.dec_host_lock_ref(anchor, uuid)
+            return False
+        tree.commit_load_back(anchor, nodes or [], pages)
+        tree.inc_lock_ref(anchor)
+        self.ongoing_load_back[anchor.id] = _LoadBack(anchor, uuid)
+        return True
+
+    def init_load_back(
+        self, best: UNode, host_hit_length: int, last_device: UNode
+    ) -> tuple[int, UNode]:
+        """``init_load_back``: load if the best match is evicted or has a host hit; returns
+        ``(loaded tokens, node to lock)``."""
+        if best.evicted or host_hit_length > 0:
+            if self.load_back(best):
+                loaded = self.tree.path_device_pages(best, last_device)
+                if not loaded:
+                    return 0, last_device
+                return len(loaded) * self.page_size, best
+        return 0, last_device
+
+    def ready_to_load_host_cache(self) -> int:
+        return self.controller.start_loading()
+
+    def loading_check(self) -> None:
+        for ids in self.controller.pop_completed_loads():
+            for ack_id in ids:
+                lb = self.ongoing_load_back.pop(ack_id)
+                self.tree.dec_lock_ref(lb.anchor)
+                self.tree.dec_host_lock_ref(lb.anchor, lb.host_uuid)
+                self.tree.finish_load_back(lb.anchor)
+
+    def check_hicache_events(self) -> None:
+        """Per scheduler step: submit queued backups, then process finished acks."""
+        self.flush_pending_backups()
+        self.writing_check()
+        self.loading_check()

@@ -1,0 +1,623 @@
+"""The 0.5.23 TreeCore, dense path: what the tree decides (``unified_cache/unified_tree_core.py``
+and ``components/full.py``).
+
+It owns the tree, lock counts, the evictable/protected ledgers, the device and host leaf sets,
+the host-duplicate register, match, the insert walk with hit counting, splits, victim choice,
+demotion and deletion, host eviction, and the backup / load-back specs. The controller
+(:mod:`hicache.policy.v0523.cache`) decides *when*; SGLang hands it the tree's *actions*
+(``FreeDeviceKV``, ``BackupKV``, ``UpdatePendingBackupOnNodeSplit``) to apply. Here the tree calls
+the controller's :class:`Sink` at the point where SGLang's controller would apply each action:
+an insert suspends at every ``BackupKV`` barrier and frees are applied in emission order before
+it, so calling back in emission order is the same sequence of effects.
+
+Lengths are in tokens; keys are paged tuples (:mod:`hicache.policy.radix`); values are page ids.
+"""
+
+from __future__ import annotations
+
+import heapq
+import sys
+from collections.abc import Hashable
+from typing import Any, Protocol
+
+from hicache.policy.radix import child_key, match_len
+from hicache.policy.v0523.node import StrategyFn, UNode, make_strategy
+
+#: The per-level recency step of a match stamp (``cur_time -= 0.00001``, unified_tree_core.py:1031).
+_MATCH_STAMP_STEP = 0.00001
+
+
+class Sink(Protocol):
+    """Where the tree's actions go (the controller)."""
+
+    def free_device(self, pages: list[int]) -> None: ...
+
+    def free_host(self, pages: list[int]) -> None: ...
+
+    def backup(self, chain: list[UNode]) -> None:
+        """Apply a write-through ``BackupKV`` (ancestors first)."""
+        ...
+
+    def pending_split(self, ack_id: int, old: UNode, new: UNode) -> None:
+        """``UpdatePendingBackupOnNodeSplit``: ``old`` was split; ``new`` is its prefix."""
+        ...
+
+
+class Match:
+    """``MatchResult``: device pages of the matched prefix, host hit (tokens) and the nodes."""
+
+    __slots__ = ("best", "device_pages", "host_hit_length", "last_device", "last_host")
+
+    def __init__(
+        self, device_pages: list[int], host_hit: int, last_device: UNode, best: UNode, hi: bool
+    ) -> None:
+        self.device_pages = device_pages
+        self.host_hit_length = host_hit
+        self.last_device = last_device
+        self.best = best
+        self.last_host = best if hi else last_device
+
+
+class TreeCore:
+    """The tree of one cache (see the module docstring)."""
+
+    def __init__(
+        self,
+        sink: Sink,
+        page_size: int,
+        eviction_policy: str = "lru",
+        eviction_policy_config: dict[str, Any] | None = None,
+    ) -> None:
+        self.sink = sink
+        self.page_size = page_size
+        self.key_fn: StrategyFn = make_strategy(eviction_policy, eviction_policy_config, page_size)
+        self.tlru = eviction_policy.lower() == "tlru"
+        self.enable_hicache = False
+        self.is_write_back = False
+        self.write_through_threshold = 256  # the TreeCore default; the cache sets 1 or 2
+        self._time = 0.0
+        self._next_id = 0
+        self._next_uuid = 0
+        self.reset()
+
+    # ---------------------------------------------------------------- state --
+    def reset(self) -> None:
+        self.nodes: dict[int, UNode] = {}
+        self.root = self._new_node()
+        self.root.priority = -sys.maxsize
+        self.root.value = []
+        self.root.lock_ref = 1
+        self.evictable_size = 0
+        self.protected_size = 0
+        self.device_leaves: set[UNode] = set()
+        self.host_leaves: set[UNode] = set()
+        self.host_duplicates: dict[int, UNode] = {}
+
+    def tick(self) -> float:
+        """``get_and_increase_time_counter``."""
+        t = self._time
+        self._time += 1.0
+        return t
+
+    def _new_node(self, priority: int = 0) -> UNode:
+        last = self.tick()
+        node = UNode(self._next_id, last, self.tick(), priority)
+        self._next_id += 1
+        self.nodes[node.id] = node
+        return node
+
+    def tokens(self, pages: list[int] | None) -> int:
+        return 0 if pages is None else len(pages) * self.page_size
+
+    def is_device_leaf(self, n: UNode) -> bool:
+        if n is self.root or n.value is None or n.lock_ref > 0:
+            return False
+        return not any(c.value is not None for c in n.children.values())
+
+    def is_host_leaf(self, n: UNode) -> bool:
+        if n is self.root or n.value is not None or n.host_value is None:
+            return False
+        return n.host_lock_ref == 0 and n.lock_ref == 0 and not n.children
+
+    def update_leaf_sets(self, n: UNode) -> None:
+        if self.is_device_leaf(n):
+            self.device_leaves.add(n)
+        else:
+            self.device_leaves.discard(n)
+        if self.is_host_leaf(n):
+            self.host_leaves.add(n)
+        else:
+            self.host_leaves.discard(n)
+
+    def update_duplicate(self, n: UNode) -> None:
+        """``_update_duplicate_tracking``: register a settled device+host copy (lazily dropped)."""
+        if (
+            n is not self.root
+            and n.value is not None
+            and n.host_value is not None
+            and n.write_through_pending_id is None
+            and n.load_back_pending_id is None
+        ):
+            self.host_duplicates.setdefault(n.id, n)
+        else:
+            self.host_duplicates.pop(n.id, None)
+
+    # ---------------------------------------------------------------- locks --
+    def inc_lock_ref(self, node: UNode) -> int:
+        """Device lock on ``node``'s root path, including an evicted bottom segment; returns
+        the tokens moved from evictable to protected."""
+        cur = node
+        while cur is not self.root and cur.value is None:
+            cur.lock_ref += 1
+            cur = cur.parent  # type: ignore[assignment]
+        delta = 0
+        while cur is not self.root:
+            if cur.lock_ref == 0:
+                n = self.tokens(cur.value)
+                self.evictable_size -= n
+                self.protected_size += n
+                delta += n
+            cur.lock_ref += 1
+            self.device_leaves.discard(cur)
+            cur = cur.parent  # type: ignore[assignment]
+        self.update_leaf_sets(node)
+        return delta
+
+    def dec_lock_ref(self, node: UNode) -> None:
+        cur = node
+        while cur is not self.root:
+            if cur.lock_ref <= 0:
+                raise AssertionError(f"FULL segment release hit lock_ref=0 on node {cur.id}")
+            if cur.lock_ref == 1 and cur.value is not None:
+                n = self.tokens(cur.value)
+                self.evictable_size += n
+                self.protected_size -= n
+            cur.lock_ref -= 1
+            if cur.lock_ref == 0:
+                self.update_leaf_sets(cur)
+            cur = cur.parent  # type: ignore[assignment]
+        self.update_leaf_sets(node)
+
+    def inc_host_lock_ref(self, node: UNode) -> int | None:
+        """Host lock on ``node``; returns the receipt's boundary tag (None: nothing locked)."""
+        if node.host_value is None and not self.is_write_back:
+            self.update_leaf_sets(node)
+            return None
+        if node.host_uuid is None:
+            self._next_uuid += 1
+            node.host_uuid = self._next_uuid
+        uuid = node.host_uuid
+        node.host_lock_ref += 1
+        self.update_leaf_sets(node)
+        self.update_leaf_sets(node)
+        return uuid
+
+    def dec_host_lock_ref(self, node: UNode, uuid: int | None) -> None:
+        anchor = node
+        if uuid is not None:
+            while True:
+                if node.host_value is None and not self.is_write_back:
+                    break
+                if node.host_lock_ref <= 0:
+                    raise AssertionError(f"host segment release hit 0 on node {node.id}")
+                node.host_lock_ref -= 1
+                self.update_leaf_sets(node)
+                if node.host_uuid == uuid:
+                    break
+                if node.parent is None:
+                    raise AssertionError(f"host lock boundary {uuid} not above {anchor.id}")
+                node = node.parent
+        self.update_leaf_sets(anchor)
+
+    # ---------------------------------------------------------------- match --
+    def match_prefix(self, key: tuple[Hashable, ...]) -> Match:
+        """``_match_prefix_helper`` + ``_match_post_processor`` + FULL's host-hit finalizer."""
+        if not key:
+            return Match([], 0, self.root, self.root, self.enable_hicache)
+        hi = self.enable_hicache
+        node = self.root
+        off = 0
+        values: list[list[int]] = []
+        best = best_dev = self.root
+        best_len = 0
+        ck = child_key(key, 0, None)
+        while off < len(key) and ck in node.children:
+            child = node.children[ck]
+            if child.value is None and child.host_value is None:
+                break  # a dead node
+            plen = match_len(child.key, key, off)
+            if plen < len(child.key):
+                node = self.split(child, plen)
+                if node.value is not None:
+                    values.append(node.value)
+                if node.value is not None or (hi and node.host_value is not None):
+                    best = node
+                if node.value is not None:
+                    best_dev, best_len = node, len(values)
+                break
+            if child.value is not None:
+                values.append(child.value)
+            node = child
+            if node.value is not None or (hi and node.host_value is not None):
+                best = node
+            if node.value is not None:
+                best_dev, best_len = node, len(values)
+            off += plen
+            if off < len(key):
+                ck = child_key(key, off, None)
+        cur_time = self.tick()
+        upd: UNode | None = best
+        while upd is not None:
+            upd.last_access_time = cur_time
+            cur_time -= _MATCH_STAMP_STEP
+            upd = upd.parent
+        pages: list[int] = []
+        for v in values[:best_len]:
+            pages += v
+        host_hit = 0
+        n = best
+        while n is not best_dev and n is not self.root:
+            if n.host_value is not None:
+                host_hit += self.tokens(n.host_value)
+            n = n.parent  # type: ignore[assignment]
+        return Match(pages, host_hit, best_dev, best, hi)
+
+    def split(self, child: UNode, split_len: int) -> UNode:
+        """``_split_node`` (with FULL's ``redistribute_on_node_split``): the first
+        ``split_len`` pages of ``child`` become a new parent."""
+        parent = child.parent
+        assert parent is not None
+        new = self._new_node(priority=child.priority)
+        new.children = {child_key(child.key, split_len, None): child}
+        new.parent = parent
+        new.key = child.key[:split_len]
+        new.hit_count = child.hit_count
+        new.creation_time = child.creation_time
+        if self.tlru:
+            new.tlru_cached_prefix_len = parent.tlru_cached_prefix_len + split_len * self.page_size
+            new.tlru_history_len = child.tlru_history_len
+        new.load_back_pending_id = child.load_back_pending_id
+        child.parent = new
+        child.key = child.key[split_len:]
+        if child.hash_value is not None:
+            new.hash_value, child.hash_value = (
+                child.hash_value[:split_len],
+                child.hash_value[split_len:],
+            )
+        new.lock_ref = child.lock_ref
+        new.host_lock_ref = child.host_lock_ref
+        new.host_uuid, child.host_uuid = child.host_uuid, None
+        if child.value is not None:
+            new.value, child.value = child.value[:split_len], child.value[split_len:]
+        if child.host_value is not None:
+            new.host_value = child.host_value[:split_len]
+            child.host_value = child.host_value[split_len:]
+        parent.children[child_key(new.key, 0, None)] = new
+        ack_id = child.write_through_pending_id
+        if ack_id is not None:
+            new.write_through_pending_id = ack_id
+            self.sink.pending_split(ack_id, child, new)
+        child.last_access_time = self.tick()
+        self.update_leaf_sets(new)
+        self.update_leaf_sets(child)
+        self.update_duplicate(new)
+        return new
+
+    # --------------------------------------------------------------- insert --
+    def inc_hit_and_check(self, node: UNode) -> bool:
+        """``_inc_hit_count_and_check``: count a hit; True when the node should be backed up."""
+        if node.value is None or self.is_write_back:
+            return False
+        node.hit_count += 1
+        return (
+            self.enable_hicache
+            and node.host_value is None
+            and node.hit_count >= self.write_through_threshold
+        )
+
+    def backup_chain(self, node: UNode, write_back: bool = False) -> list[UNode]:
+        """``_build_backup_kv_action``: the node, with its unbacked ancestors first
+        (write-through only)."""
+        chain = [node]
+        if not write_back:
+            anc = node.parent
+            while anc is not None and anc is not self.root and anc.host_value is None:
+                chain.append(anc)
+                anc = anc.parent
+            chain.reverse()
+        return chain
+
+    def insert(
+        self,
+        key: tuple[Hashable, ...],
+        value: list[int],
+        prev_prefix_len: int,
+        inserted_len: int,
+        priority: int,
+    ) -> tuple[int, UNode]:
+        """The resumable insert walk (WALK -> OVERLAP -> COMMIT -> TAIL), run to completion;
+        returns ``(prefix_len, last_device_node)``. Barrier actions go to the sink in order."""
+        ps = self.page_size
+        self.root.last_access_time = self.tick()
+        self.root.priority = max(self.root.priority, priority)
+        if not key:
+            return 0, self.root
+        node = self.root
+        off = 0
+        total = 0
+        while off < len(key):
+            ck = child_key(key, off, None)
+            child = node.children.get(ck)
+            if child is None:
+                break
+            child.last_access_time = self.tick()
+            plen = match_len(child.key, key, off)
+            if plen < len(child.key):
+                child = self.split(child, plen)
+            child.priority = max(child.priority, priority)
+            if child.value is None:
+                self._unevict(child, value[off : off + plen])
+            else:
+                dup_start = max(0, prev_prefix_len - total)
+                if dup_start < plen * ps:
+                    # page-exact: prev_prefix_len and total are page multiples
+                    self.sink.free_device(value[off + dup_start // ps : off + plen])
+            end = total + plen * ps
+            if end > inserted_len and self.inc_hit_and_check(child):
+                self.sink.backup(self.backup_chain(child))
+            node = child
+            total = end
+            off += plen
+        if off >= len(key):
+            return total, node
+        leaf = self._add_leaf(node, key[off:], value[off:], priority)
+        if not self.is_write_back:
+            leaf_end = total + len(leaf.key) * ps
+            if leaf_end > inserted_len and self.inc_hit_and_check(leaf):
+                self.sink.backup(self.backup_chain(leaf))
+        return total, leaf
+
+    def _unevict(self, node: UNode, fresh: list[int]) -> None:
+        """``_unevict_node_on_insert``: an evicted node takes the request's fresh pages."""
+        node.value = list(fresh)
+        n = self.tokens(node.value)
+        if node.lock_ref > 0:
+            self.protected_size += n
+        else:
+            self.evictable_size += n
+        self.update_leaf_sets(node)
+        self.update_duplicate(node)
+        if node.parent is not None:
+            self.update_leaf_sets(node.parent)
+
+    def _add_leaf(
+        self, parent: UNode, key: tuple[Hashable, ...], value: list[int], priority: int
+    ) -> UNode:
+        """``_add_new_node``."""
+        new = self._new_node(priority=priority)
+        new.parent = parent
+        new.key = key
+        if self.tlru:
+            new.tlru_cached_prefix_len = parent.tlru_cached_prefix_len + len(key) * self.page_size
+            if new.tlru_history_len < new.tlru_cached_prefix_len:
+                new.tlru_history_len = new.tlru_cached_prefix_len
+            cur: UNode | None = parent
+            while cur is not None and cur.tlru_history_len < new.tlru_cached_prefix_len:
+                cur.tlru_history_len = new.tlru_cached_prefix_len
+                cur = cur.parent
+        new.value = list(value)
+        parent.children[child_key(key, 0, None)] = new
+        self.evictable_size += self.tokens(new.value)
+        self.update_leaf_sets(new)
+        self.update_leaf_sets(parent)
+        return new
+
+    # ------------------------------------------------------------- eviction --
+    def eviction_heap(self, leaves: set[UNode]) -> list[tuple[Any, UNode]]:
+        heap = [(self.key_fn(n), n) for n in leaves]
+        heapq.heapify(heap)
+        return heap
+
+    def demote(self, node: UNode) -> int:
+        """``_demote``: free the device copy of a backed-up node; returns tokens freed."""
+        assert node.value is not None and node.host_value is not None
+        freed = self.tokens(node.value)
+        self.sink.free_device(node.value)
+        self.evictable_size -= freed
+        node.value = None
+        self.update_leaf_sets(node)
+        if node.parent is not None:
+            self.update_leaf_sets(node.parent)
+        return freed
+
+    def _release_layers(self, node: UNode) -> int:
+        """``_release_all_component_layers``: free both copies and leave the leaf sets;
+        returns the device tokens freed."""
+        freed = 0
+        if node.value is not None:
+            self.sink.free_device(node.value)
+            freed = self.tokens(node.value)
+            self.evictable_size -= freed
+        if node.host_value is not None:
+            self.sink.free_host(node.host_value)
+            node.host_value = None
+        self.device_leaves.discard(node)
+        self.host_leaves.discard(node)
+        return freed
+
+    def _remove(self, node: UNode) -> None:
+        """``_remove_leaf_from_parent``."""
+        parent = node.parent
+        assert parent is not None
+        v = parent.children.pop(child_key(node.key, 0, None), None)
+        assert v is node
+        self.host_duplicates.pop(node.id, None)
+        self.nodes.pop(node.id, None)
+
+    def delete_unbacked_leaf(self, node: UNode) -> int:
+        """``_delete_unbacked_device_leaf``; returns the device tokens freed."""
+        freed = self._release_layers(node)
+        parent = node.parent
+        assert parent is not None
+        self._remove(node)
+        self.update_leaf_sets(parent)
+        self._delete_tombstones(parent)
+        return freed
+
+    def _delete_tombstones(self, cur: UNode) -> None:
+        """``_iteratively_delete_tombstone_ancestors``."""
+        while cur is not self.root and not cur.children:
+            if cur.lock_ref > 0 or cur.host_lock_ref > 0:
+                break
+            if cur.value is not None or cur.host_value is not None:
+                self.update_leaf_sets(cur)
+                break
+            self.host_leaves.discard(cur)
+            self._remove(cur)
+            parent = cur.parent
+            assert parent is not None
+            self.update_leaf_sets(parent)
+            cur = parent
+
+    def drop_subtree_no_host(self, node: UNode) -> int | None:
+        """The write_back fallback when a leaf's backup failed: delete it with its host-only
+        descendants unless any is locked or in flight; returns the device tokens freed, or
+        None when declined."""
+        assert node.host_value is None and node.write_through_pending_id is None
+        if node.load_back_pending_id is not None or node.lock_ref > 0 or node.host_lock_ref > 0:
+            return None
+        descendants: list[UNode] = []
+        stack = list(node.children.values())
+        while stack:
+            cur = stack.pop()
+            if (
+                cur.write_through_pending_id is not None
+                or cur.load_back_pending_id is not None
+                or cur.lock_ref > 0
+                or cur.host_lock_ref > 0
+            ):
+                return None
+            descendants.append(cur)
+            stack.extend(cur.children.values())
+        freed = 0
+        for desc in reversed(descendants):
+            freed += self._release_layers(desc)
+            self._remove(desc)
+        return freed + self.delete_unbacked_leaf(node)
+
+    def evict_host_leaf(self, node: UNode) -> int:
+        """``_evict_host_leaf``; returns the host tokens freed."""
+        assert self.is_host_leaf(node)
+        freed = self.tokens(node.host_value)
+        self.sink.free_host(node.host_value)  # type: ignore[arg-type]
+        node.host_value = None
+        self.host_leaves.discard(node)
+        parent = node.parent
+        assert parent is not None
+        self._remove(node)
+        self._delete_tombstones(parent)
+        return freed
+
+    def drive_host_eviction(self, num_tokens: int) -> int:
+        """``drive_host_eviction(FULL, n)``: under write_back reclaim host duplicates first,
+        then evict host leaves by the strategy; returns the host tokens freed."""
+        freed = 0
+        if self.is_write_back:
+            freed = self._reclaim_duplicates(num_tokens)
+        heap = self.eviction_heap(self.host_leaves)
+        while freed < num_tokens and heap:
+            _, x = heapq.heappop(heap)
+            if x not in self.host_leaves:
+                continue
+            freed += self.evict_host_leaf(x)
+            p = x.parent
+            if p is not None and p in self.host_leaves:
+                heapq.heappush(heap, (self.key_fn(p), p))
+        return freed
+
+    def _reclaim_duplicates(self, num_tokens: int) -> int:
+        """``_reclaim_full_host_duplicates``: free host copies of nodes also on the device,
+        in registration order; pass 1 spares evictable device leaves."""
+        freed = 0
+        swept: list[int] = []
+        for spare in (True, False):
+            if freed >= num_tokens:
+                break
+            for node in self.host_duplicates.values():
+                if freed >= num_tokens:
+                    break
+                if node.value is None or node.host_value is None:
+                    swept.append(node.id)
+                    continue
+                if spare and node in self.device_leaves:
+                    continue
+                if (
+                    node.write_through_pending_id is not None
+                    or node.load_back_pending_id is not None
+                    or node.host_lock_ref != 0
+                ):
+                    continue
+                freed += self.tokens(node.host_value)
+                self.sink.free_host(node.host_value)
+                node.host_value = None
+                swept.append(node.id)
+        for nid in swept:
+            self.host_duplicates.pop(nid, None)
+        return freed
+
+    # ------------------------------------------------------------ load back --
+    def load_back_chain(self, anchor: UNode) -> list[UNode] | None:
+        """``build_load_back_spec``: the evicted nodes from the anchor up, root first; None
+        when one of them is pinned by another load-back."""
+        nodes: list[UNode] = []
+        cur = anchor
+        while cur.evicted:
+            assert cur.host_value is not None
+            nodes.append(cur)
+            cur = cur.parent  # type: ignore[assignment]
+        nodes.reverse()
+        if any(n.load_back_pending_id not in (None, anchor.id) for n in nodes):
+            return None
+        return nodes
+
+    def commit_load_back(self, anchor: UNode, nodes: list[UNode], device: list[int]) -> None:
+        """``commit_load_back`` with FULL's ``commit_hicache_transfer(LOAD_BACK)``."""
+        if self.is_write_back:
+            for n in nodes:
+                n.load_back_pending_id = anchor.id
+        off = 0
+        for n in nodes:
+            k = len(n.host_value)  # type: ignore[arg-type]
+            n.value = device[off : off + k]
+            off += k
+            t = self.tokens(n.value)
+            if n.lock_ref > 0:
+                self.protected_size += t
+            else:
+                self.evictable_size += t
+            self.update_leaf_sets(n)
+        self.update_leaf_sets(anchor)
+        self.update_leaf_sets(anchor)
+
+    def finish_load_back(self, anchor: UNode) -> None:
+        node: UNode | None = anchor
+        while node is not None and node is not self.root:
+            if self.is_write_back:
+                if node.load_back_pending_id != anchor.id:
+                    node = node.parent
+                    continue
+                node.load_back_pending_id = None
+            self.update_duplicate(node)
+            node = node.parent
+
+    def path_device_pages(self, node: UNode, until: UNode) -> list[int]:
+        """``collect_full_device_indices``: device pages from below ``until`` down to ``node``."""
+        chunks: list[list[int]] = []
+        while node is not until:
+            assert node.value is not None
+            chunks.append(node.value)
+            node = node.parent  # type: ignore[assignment]
+        out: list[int] = []
+        for c in reversed(chunks):
+            out += c
+        return out
