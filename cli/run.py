@@ -136,6 +136,15 @@ def _add_hitrate(sub: Any) -> None:
         help="cache: a finished request inserts prompt + outputs, as SGLang's "
         "cache_finished_req (default); skip: the prompt only",
     )  # fmt: skip
+    from hicache.versions import DEFAULT_SGLANG_VERSION, SGLANG_VERSIONS
+
+    p.add_argument(
+        "--sglang-version", type=_str_list, default=[DEFAULT_SGLANG_VERSION],
+        metavar="V[,V...]",
+        help=f"the SGLang release whose cache decides, one or more of "
+        f"{', '.join(SGLANG_VERSIONS)} (default {DEFAULT_SGLANG_VERSION}); 0.5.23 is "
+        "UnifiedRadixCache (SGLang >= 0.5.19), L1/L2 only",
+    )  # fmt: skip
     l3 = p.add_argument_group("L3 storage tier (SGLang --hicache-storage-backend)")
     l3.add_argument(
         "--storage-tokens", type=_storage_list, metavar="S[,S...]",
@@ -223,6 +232,9 @@ def _hitrate_configs(args: argparse.Namespace, notes: list[str]) -> list[Any]:
 
     _check_names("--eviction", "eviction policy", args.eviction, EVICTIONS)
     _check_names("--write-policy", "write policy", args.write_policy, WRITE_POLICIES)
+    from hicache.versions import SGLANG_VERSIONS
+
+    _check_names("--sglang-version", "SGLang version", args.sglang_version, SGLANG_VERSIONS)
     args.device_tokens = _device_sizes(args, notes)
     configs = [
         HitRateConfig(
@@ -236,7 +248,9 @@ def _hitrate_configs(args: argparse.Namespace, notes: list[str]) -> list[Any]:
             storage_tokens=l3 or 0,
             prefetch_policy=args.prefetch_policy,
             prefetch_threshold=args.prefetch_threshold,
+            sglang_version=ver,
         )
+        for ver in args.sglang_version
         for ev in args.eviction
         for wp in args.write_policy
         for dev in args.device_tokens
@@ -249,7 +263,9 @@ def _hitrate_configs(args: argparse.Namespace, notes: list[str]) -> list[Any]:
         except ValueError as e:
             msg = str(e)
             option = (
-                "--storage-tokens"
+                "--sglang-version"
+                if "SGLang" in msg
+                else "--storage-tokens"
                 if "storage" in msg
                 else "--host-tokens"
                 if "host" in msg
@@ -314,13 +330,17 @@ def format_hitrate_table(rows: list[dict[str, Any]], inf: float, n_requests: int
         f"{'hit':>6} {'device':>6} {'host':>6} {'written':>12} {'loaded':>12} {'dev_evict':>12} "
         f"{'host_evict':>12} {'h_fail':>6}"
     )
+    versions = any(r.get("sglang_version", "0.5.14") != "0.5.14" for r in rows)
+    if versions:
+        head = f"{'sglang':>7} {head}"
     lines = [
         f"{n_requests} requests; infinite-capacity hit rate {inf:.2%} (the best any policy can do)",
         head,
     ]
     for r in rows:
         lines.append(
-            f"{r['eviction']:>8} {r['write_policy']:>23} {r['device_tokens']:>11,} "
+            (f"{r.get('sglang_version', ''):>7} " if versions else "")
+            + f"{r['eviction']:>8} {r['write_policy']:>23} {r['device_tokens']:>11,} "
             f"{r['host_tokens']:>11,} {r['hit_rate']:>6.2%} {r['device_hit_rate']:>6.2%} "
             f"{r['host_hit_rate']:>6.2%} {r['tokens_written']:>12,} {r['tokens_loaded']:>12,} "
             f"{r['device_evicted_tokens']:>12,} {r['host_evicted_tokens']:>12,} "

@@ -54,6 +54,7 @@ from hicache.policy import (
 )
 from hicache.policy.allocator import device_pool, page_ids
 from hicache.policy.storage import PREFETCH_POLICIES, PageStore, StorageController
+from hicache.versions import DEFAULT_SGLANG_VERSION, SGLANG_VERSIONS
 
 EVICTIONS = (*STRATEGIES, "oracle")
 
@@ -78,9 +79,24 @@ class HitRateConfig:
     gets nothing from L3; wait_complete / timeout: storage I/O is taken as instant (no clock
     here; ``hicache-sim run`` times it)."""
     prefetch_threshold: int = 256
+    sglang_version: str = DEFAULT_SGLANG_VERSION
+    """The SGLang release whose cache decides (:data:`SGLANG_VERSIONS`)."""
 
     def validate(self) -> None:
         p = self.page_size
+        if self.sglang_version not in SGLANG_VERSIONS:
+            raise ValueError(
+                f"unknown SGLang version {self.sglang_version!r}; choose one of "
+                f"{', '.join(SGLANG_VERSIONS)}"
+            )
+        if self.sglang_version != "0.5.14":
+            if self.storage:
+                raise ValueError(
+                    f"the L3 tier is modelled for SGLang 0.5.14 only (not yet for "
+                    f"{self.sglang_version}); set sglang.version=0.5.14 to use it"
+                )
+            if self.eviction == "oracle":
+                raise ValueError("eviction=oracle is available with SGLang 0.5.14 only")
         if p < 1:
             raise ValueError(f"page_size must be >= 1, got {p}")
         if self.device_tokens <= 0 or self.device_tokens % p:
@@ -93,7 +109,7 @@ class HitRateConfig:
                 f"host tokens {self.host_tokens} must be 0 or a positive multiple of the page "
                 f"size {p}"
             )
-        if 0 < self.host_tokens <= self.device_tokens:
+        if 0 < self.host_tokens <= self.device_tokens and self.sglang_version == "0.5.14":
             raise ValueError(
                 f"host pool ({self.host_tokens} tokens) must be larger than the device pool "
                 f"({self.device_tokens} tokens); SGLang refuses to start otherwise"
@@ -272,8 +288,72 @@ class NextUseOracle:
         return (-nxt, node.last_access_time)
 
 
+class CacheReplay0523:
+    """:class:`CacheReplay` against SGLang 0.5.23's cache (L1/L2; the same request steps)."""
+
+    def __init__(self, cfg: HitRateConfig) -> None:
+        from hicache.lifecycle_v0523 import KVLifecycle0523
+        from hicache.policy.v0523 import UnifiedRadixCache
+
+        cfg.validate()
+        self.cfg = cfg
+        p = cfg.page_size
+        ids = page_ids(max(cfg.device_tokens, cfg.host_tokens) // p)
+        self.device = device_pool(cfg.device_tokens // p, p, ids)
+        self.host = (
+            PageAllocator(cfg.host_tokens // p, p, "host", ids=ids) if cfg.host_tokens else None
+        )
+        self.ctrl = ImmediateController(self.device, self.host)
+        self.cache = UnifiedRadixCache(
+            self.ctrl, write_policy=cfg.write_policy, eviction_policy=cfg.eviction
+        )
+        self.life = KVLifecycle0523(self.cache, cfg.outputs)
+        self.result = HitRateResult()
+
+    def step(self, r: PagedRequest) -> tuple[int, int]:
+        """Serve one request; returns (device-hit tokens, loaded host-hit tokens)."""
+        cache, life, p, res = self.cache, self.life, self.cfg.page_size, self.result
+        res.requests += 1
+        res.prompt_tokens += r.input_length
+        key = life.prompt_key(r)
+        a = life.admit(key, r.input_length)
+        if a.loaded_pages:
+            cache.ready_to_load_host_cache()
+            cache.loading_check()
+        if not life.reserve_prompt(a.kv, r.input_length):
+            res.oom_requests += 1
+            return 0, 0
+        a.kv.key = key
+        life.after_prefill(a.kv, len(key))
+        cache.check_hicache_events()  # the batch result's flush, then the step's acks
+        if life.alloc_outputs(a.kv, r.kv_tokens):
+            life.finish(a.kv, key, [], r.kv_tokens)
+            cache.check_hicache_events()
+        else:
+            res.oom_requests += 1
+        dev, loaded = a.device_pages * p, a.loaded_pages * p
+        res.device_hit_tokens += dev
+        res.host_hit_tokens += loaded
+        return dev, loaded
+
+    def finish(self) -> HitRateResult:
+        st, ctrl, res = self.cache.stats, self.ctrl, self.result
+        res.tokens_written = ctrl.tokens_written
+        res.tokens_loaded = ctrl.tokens_loaded
+        res.device_evicted_tokens = st.device_evicted_tokens
+        res.host_evicted_tokens = st.host_evicted_tokens
+        res.host_alloc_failures = ctrl.host_alloc_failures
+        res.load_back_failures = st.load_back_failures
+        return res
+
+
 def replay(requests: Sequence[PagedRequest], cfg: HitRateConfig) -> HitRateResult:
     """Run the cache-only replay of ``requests`` under ``cfg`` (``eviction="oracle"`` allowed)."""
+    if cfg.sglang_version != "0.5.14":
+        rp23 = CacheReplay0523(cfg)
+        for r in requests:
+            rp23.step(r)
+        return rp23.finish()
     if cfg.eviction == "oracle":
         oracle = NextUseOracle(requests)
         rp = CacheReplay(cfg, eviction_key=oracle.key)

@@ -20,6 +20,7 @@ from collections.abc import Hashable
 from typing import Any
 
 from hicache.policy.controller import BaseController
+from hicache.policy.hiradix import CacheStats
 from hicache.policy.v0523.node import UNode
 from hicache.policy.v0523.tree import Match, TreeCore
 
@@ -80,6 +81,8 @@ class UnifiedRadixCache:
             self.tree.write_through_threshold = 1 if write_policy == "write_through" else 2
         self.ongoing_write_through: dict[int, _WriteThrough] = {}
         self.ongoing_load_back: dict[int, _LoadBack] = {}
+        self.stats = CacheStats()
+        """Running totals (tokens), the same fields as 0.5.14's."""
 
     @property
     def root(self) -> UNode:
@@ -115,6 +118,7 @@ class UnifiedRadixCache:
 
     # -- match / insert / locks ------------------------------------------------------------
     def match_prefix(self, key: tuple[Hashable, ...]) -> Match:
+        self.stats.match_calls += 1
         return self.tree.match_prefix(key)
 
     def insert(
@@ -127,6 +131,7 @@ class UnifiedRadixCache:
         priority: int = 0,
     ) -> tuple[int, UNode]:
         """``insert(InsertParams)``: returns ``(prefix_len, last_device_node)``."""
+        self.stats.insert_calls += 1
         return self.tree.insert(key, value, prev_prefix_len, inserted_len, priority)
 
     def inc_lock_ref(self, node: UNode) -> int:
@@ -157,9 +162,11 @@ class UnifiedRadixCache:
 
     def _evict(self, request: int, target: int | None) -> int:
         tracked = [0]
+        self.stats.evict_calls += 1
         self._evict_walk(request, target, tracked)
         if self.tree.is_write_back:
             self.writing_check(write_back=True)
+        self.stats.device_evicted_tokens += tracked[0]
         return tracked[0]
 
     def _evict_walk(self, request: int, target: int | None, tracked: list[int]) -> None:
@@ -198,23 +205,37 @@ class UnifiedRadixCache:
         """``evict_device_leaf`` and, under write_back, the deferred demote."""
         tree = self.tree
         assert tree.is_device_leaf(x)
+        st = self.stats
         if x.host_value is not None:
-            tracked[0] += tree.demote(x)
+            n = tree.demote(x)
+            st.device_demoted_tokens += n
+            tracked[0] += n
             return
         if not tree.is_write_back:
-            tracked[0] += tree.delete_unbacked_leaf(x)
+            n = tree.delete_unbacked_leaf(x)
+            st.device_deleted_tokens += n
+            tracked[0] += n
             return
-        if self.execute_backup([x], write_back=True) > 0:
+        written = self.execute_backup([x], write_back=True)
+        if written > 0:
+            st.write_back_tokens += written
             self.writing_check(write_back=True)
-            tracked[0] += tree.demote(x)
+            n = tree.demote(x)
+            st.device_demoted_tokens += n
+            tracked[0] += n
             return
+        st.backup_failures += 1
         dropped = tree.drop_subtree_no_host(x)
         if dropped is not None:
+            st.device_deleted_tokens += dropped
             tracked[0] += dropped
 
     def evict_host(self, num_tokens: int) -> int:
         """``evict_host``: free host pages (duplicates first under write_back)."""
-        return self.tree.drive_host_eviction(num_tokens)
+        self.stats.evict_host_calls += 1
+        freed = self.tree.drive_host_eviction(num_tokens)
+        self.stats.host_evicted_tokens += freed
+        return freed
 
     # -- backups ---------------------------------------------------------------------------
     def execute_backup(self, chain: list[UNode], write_back: bool = False) -> int:
@@ -275,6 +296,7 @@ class UnifiedRadixCache:
     def load_back(self, anchor: UNode) -> bool:
         """``load_back`` (no memory quota: the scheduler passes none)."""
         tree = self.tree
+        self.stats.load_back_calls += 1
         uuid = tree.inc_host_lock_ref(anchor)
         tree.inc_lock_ref(anchor)
         nodes = tree.load_back_chain(anchor)
@@ -290,14 +312,17 @@ class UnifiedRadixCache:
         if device.available_size() < kv_tokens:
             self.evict_for_alloc(kv_tokens - device.available_size())
             if device.available_size() < kv_tokens:
+                self.stats.load_back_failures += 1
                 tree.dec_lock_ref(anchor)
                 tree.dec_host_lock_ref(anchor, uuid)
                 return False
         pages = self.controller.load(host_pages, anchor.id)
         tree.dec_lock_ref(anchor)
         if pages is None:
+            self.stats.load_back_failures += 1
             tree.dec_host_lock_ref(anchor, uuid)
             return False
+        self.stats.loaded_tokens += kv_tokens
         tree.commit_load_back(anchor, nodes or [], pages)
         tree.inc_lock_ref(anchor)
         self.ongoing_load_back[anchor.id] = _LoadBack(anchor, uuid)

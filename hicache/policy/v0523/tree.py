@@ -370,7 +370,7 @@ class TreeCore:
             off += plen
         if off >= len(key):
             return total, node
-        leaf = self._add_leaf(node, key[off:], value[off:], priority)
+        leaf = self._add_leaf(node, key[off:], value[off : len(key)], priority)
         if not self.is_write_back:
             leaf_end = total + len(leaf.key) * ps
             if leaf_end > inserted_len and self.inc_hit_and_check(leaf):

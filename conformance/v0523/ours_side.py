@@ -1,0 +1,200 @@
+"""Our side of the 0.5.23 check: :class:`hicache.policy.v0523.UnifiedRadixCache` behind the
+adapter API that ``sglang_side.RealUnifiedCache`` offers for the real class.
+
+Node handles are token paths from the root (a tuple of ints; the root is ``()``), so results
+compare across implementations. Pools: a FIFO free list of page ids on both tiers (the rule of
+``conformance/v0523/pools.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Any
+
+from hicache.policy import ManualController, PageAllocator
+from hicache.policy.radix import to_page_key
+from hicache.policy.v0523 import UNode, UnifiedRadixCache
+
+Path = tuple[int, ...]
+
+
+def _flat(key: tuple[Hashable, ...], page_size: int) -> list[int]:
+    if page_size == 1:
+        return [int(t) for t in key]  # type: ignore[call-overload]
+    out: list[int] = []
+    for page in key:
+        out += list(page)  # type: ignore[call-overload]
+    return out
+
+
+class OursUnifiedCache:
+    """The adapter (see the module docstring)."""
+
+    name = "ours"
+
+    def __init__(
+        self,
+        *,
+        page_size: int,
+        device_pages: int,
+        host_pages: int,
+        write_policy: str,
+        eviction_policy: str,
+        core: str = "ours",
+        eviction_policy_config: dict[str, Any] | None = None,
+    ) -> None:
+        self.page_size = page_size
+        self.device = PageAllocator(device_pages, page_size, name="device")
+        self.host = PageAllocator(host_pages, page_size, name="host") if host_pages else None
+        self.ctrl = ManualController(self.device, self.host)
+        self.cache = UnifiedRadixCache(
+            self.ctrl,
+            write_policy=write_policy,
+            eviction_policy=eviction_policy,
+            eviction_policy_config=eviction_policy_config,
+        )
+        self._locks: dict[int, UNode] = {}
+        self._next_lock = 0
+
+    # -- helpers ---------------------------------------------------------------------------
+    def path(self, node: UNode) -> Path:
+        parts: list[list[int]] = []
+        cur: UNode | None = node
+        while cur is not None and cur.parent is not None:
+            parts.append(_flat(cur.key, self.page_size))
+            cur = cur.parent
+        out: list[int] = []
+        for p in reversed(parts):
+            out += p
+        return tuple(out)
+
+    def node_at(self, path: Path) -> UNode:
+        key = to_page_key(list(path), self.page_size)
+        node = self.cache.root
+        off = 0
+        while off < len(key):
+            ck = key[off]
+            node = node.children[ck]
+            off += len(node.key)
+        if off != len(key):
+            raise KeyError(f"no node ends at {path}")
+        return node
+
+    def _key(self, tokens: list[int], limit: int | None) -> tuple[Hashable, ...]:
+        if limit is not None:
+            tokens = tokens[:limit]
+        return to_page_key(tokens, self.page_size)
+
+    # -- pools -----------------------------------------------------------------------------
+    def alloc_device(self, num_pages: int) -> list[int] | None:
+        return self.device.alloc_pages(num_pages)
+
+    def free_device(self, pages: list[int]) -> None:
+        self.device.free_distinct(list(pages))
+
+    # -- cache calls -----------------------------------------------------------------------
+    def match(self, tokens: list[int], limit: int | None = None) -> dict[str, Any]:
+        m = self.cache.match_prefix(self._key(tokens, limit))
+        return {
+            "device_pages": list(m.device_pages),
+            "host_hit": m.host_hit_length,
+            "last_device": self.path(m.last_device),
+            "best": self.path(m.best),
+        }
+
+    def insert(
+        self,
+        tokens: list[int],
+        pages: list[int],
+        *,
+        prev_prefix_len: int,
+        inserted_len: int,
+        priority: int,
+    ) -> dict[str, Any]:
+        key = to_page_key(tokens, self.page_size)
+        plen, last = self.cache.insert(
+            key,
+            list(pages[: len(key)]),
+            prev_prefix_len=prev_prefix_len,
+            inserted_len=inserted_len,
+            priority=priority,
+        )
+        return {"prefix_len": plen, "last_device": self.path(last)}
+
+    def lock(self, path: Path) -> int:
+        node = self.node_at(path)
+        self.cache.inc_lock_ref(node)
+        self._next_lock += 1
+        self._locks[self._next_lock] = node
+        return self._next_lock
+
+    def unlock(self, handle: int) -> None:
+        self.cache.dec_lock_ref(self._locks.pop(handle))
+
+    def evict_for_alloc(self, num_tokens: int) -> int:
+        return self.cache.evict_for_alloc(num_tokens)
+
+    def evict(self, num_tokens: int) -> int:
+        return self.cache.evict(num_tokens)
+
+    def evict_host(self, num_tokens: int) -> int:
+        return self.cache.evict_host(num_tokens)
+
+    def init_load_back(self, tokens: list[int], limit: int | None = None) -> tuple[list[int], Path]:
+        m = self.cache.match_prefix(self._key(tokens, limit))
+        loaded, node = self.cache.init_load_back(m.best, m.host_hit_length, m.last_device)
+        pages = self.cache.tree.path_device_pages(node, m.last_device) if loaded else []
+        return pages, self.path(node)
+
+    def flush_pending_backups(self) -> None:
+        self.cache.flush_pending_backups()
+
+    def writing_check(self, write_back: bool = False) -> None:
+        self.cache.writing_check(write_back=write_back)
+
+    def loading_check(self) -> None:
+        self.cache.loading_check()
+
+    def check_hicache_events(self) -> None:
+        self.cache.check_hicache_events()
+
+    def ready_to_load(self) -> int:
+        return self.cache.ready_to_load_host_cache()
+
+    def finish_writes(self, count: int | None) -> int:
+        return self.ctrl.complete_writes(count)
+
+    def finish_loads(self, count: int | None) -> int:
+        return self.ctrl.complete_loads(count)
+
+    # -- state -----------------------------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        nodes: list[dict[str, Any]] = []
+
+        def walk(node: UNode) -> None:
+            kids = sorted(node.children.values(), key=lambda c: _flat(c.key, self.page_size))
+            for c in kids:
+                nodes.append(
+                    {
+                        "path": self.path(c),
+                        "tokens": _flat(c.key, self.page_size),
+                        "device": None if c.value is None else list(c.value),
+                        "host": None if c.host_value is None else list(c.host_value),
+                        "lock_ref": c.lock_ref,
+                        "host_lock_ref": c.host_lock_ref,
+                        "hit_count": c.hit_count,
+                        "priority": c.priority,
+                        "last_access": c.last_access_time,
+                        "creation": c.creation_time,
+                    }
+                )
+                walk(c)
+
+        walk(self.cache.root)
+        return {
+            "nodes": nodes,
+            "evictable_size": self.cache.evictable_size,
+            "protected_size": self.cache.protected_size,
+            "device_free": self.device.free_pages_snapshot(),
+            "host_free": [] if self.host is None else self.host.free_pages_snapshot(),
+        }

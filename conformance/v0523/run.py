@@ -1,0 +1,306 @@
+"""Random operation sequences on two 0.5.23 caches at once, compared after every step.
+
+``python -m conformance.v0523.run --self-test`` puts our core on both sides (no SGLang needed).
+Inside ``.venv-conformance-0.5.23`` (``make conformance SGLANG_VERSION=0.5.23``) the other side is
+the real ``UnifiedRadixCache`` (``sglang_side.RealUnifiedCache``), once per TreeCore
+(``--cores python,rust``).
+
+What a sequence does is what the 0.5.23 scheduler does around the cache, written once for both
+sides (:func:`serve` is one request: match with the ``input_len-1`` limit, ``init_load_back``,
+lock, allocate with ``evict_for_alloc`` of the shortfall, the batch's ``start_loading``, one or two
+checkpoints -- an unfinished chunk, then the finish with its prompt-boundary split insert --
+and unlock), plus the scheduler's polls (``check_hicache_events``, the controller finishing copies)
+and direct ``evict`` / ``evict_host`` calls. Results and the whole state are compared after every
+step; times are compared by rank (both sides use a logical counter, from different origins).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from conformance.v0523.ours_side import OursUnifiedCache
+
+WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
+EVICTION = ("lru", "lfu", "fifo", "mru", "filo", "priority", "slru")
+
+
+@dataclass
+class Combo:
+    write_policy: str
+    eviction_policy: str
+    page_size: int
+    device_pages: int = 24
+    host_pages: int = 40
+
+    def label(self) -> str:
+        return f"{self.write_policy}/{self.eviction_policy}/p{self.page_size}"
+
+
+class Request:
+    """A request as the scheduler holds it between its match and its finish."""
+
+    def __init__(self, prompt: list[int], output: list[int], priority: int) -> None:
+        self.prompt = prompt
+        self.output = output
+        self.priority = priority
+
+
+def _ranked(values: list[float]) -> dict[float, int]:
+    return {v: i for i, v in enumerate(sorted(set(values)))}
+
+
+def canonical(snap: dict[str, Any]) -> dict[str, Any]:
+    """The snapshot with times replaced by their ranks."""
+    nodes = snap["nodes"]
+    la = _ranked([n["last_access"] for n in nodes])
+    ct = _ranked([n["creation"] for n in nodes])
+    out = dict(snap)
+    out["nodes"] = [
+        {**n, "last_access": la[n["last_access"]], "creation": ct[n["creation"]]} for n in nodes
+    ]
+    return out
+
+
+class Sequence:
+    """One random sequence of scheduler steps, replayed identically on every side."""
+
+    def __init__(self, combo: Combo, seed: int, steps: int) -> None:
+        self.combo = combo
+        self.rng = random.Random(seed)
+        self.steps = steps
+        ps = combo.page_size
+        # a few shared prefixes so requests overlap; lengths in whole pages plus a tail
+        self.stems = [[self.rng.randrange(1, 4) for _ in range(ps * 2)] for _ in range(3)]
+
+    def tokens(self, pages: int) -> list[int]:
+        ps = self.combo.page_size
+        stem = list(self.rng.choice(self.stems)) if self.rng.random() < 0.8 else []
+        body = [self.rng.randrange(1, 4) for _ in range(pages * ps + self.rng.randrange(ps))]
+        return (stem + body)[: max(ps, (len(stem) + len(body)))]
+
+    def ops(self) -> list[tuple[Any, ...]]:
+        r = self.rng
+        out: list[tuple[Any, ...]] = []
+        for _ in range(self.steps):
+            x = r.random()
+            if x < 0.40:
+                prompt = self.tokens(r.randrange(1, 5))
+                output = [r.randrange(1, 4) for _ in range(r.randrange(0, 3 * self.combo.page_size))]
+                chunk = r.random() < 0.25
+                out.append(("serve", prompt, output, r.randrange(0, 3), chunk))
+            elif x < 0.50:
+                out.append(("hold", self.tokens(r.randrange(1, 4))))
+            elif x < 0.56:
+                out.append(("release", r.randrange(8)))
+            elif x < 0.70:
+                out.append(("events",))
+            elif x < 0.80:
+                out.append(("finish_writes", r.choice([1, 2, None])))
+            elif x < 0.86:
+                out.append(("finish_loads", r.choice([1, None])))
+            elif x < 0.92:
+                out.append(("evict", r.randrange(1, 12) * self.combo.page_size))
+            elif x < 0.96:
+                out.append(("evict_host", r.randrange(1, 12) * self.combo.page_size))
+            else:
+                out.append(("match", self.tokens(r.randrange(1, 4))))
+        return out
+
+
+class Driver:
+    """Turns each op into the same adapter calls on one side; keeps the side's held locks."""
+
+    def __init__(self, side: Any, page_size: int) -> None:
+        self.side = side
+        self.ps = page_size
+        self.held: list[int] = []
+
+    def step(self, op: tuple[Any, ...]) -> Any:
+        kind = op[0]
+        s = self.side
+        if kind == "serve":
+            return self.serve(op[1], op[2], op[3], op[4])
+        if kind == "hold":
+            m = s.match(op[1])
+            self.held.append(s.lock(m["last_device"]))
+            return m
+        if kind == "release":
+            if not self.held:
+                return None
+            s.unlock(self.held.pop(op[1] % len(self.held)))
+            return None
+        if kind == "events":
+            s.check_hicache_events()
+            return None
+        if kind == "finish_writes":
+            return s.finish_writes(op[1])
+        if kind == "finish_loads":
+            return s.finish_loads(op[1])
+        if kind == "evict":
+            return s.evict(op[1])
+        if kind == "evict_host":
+            return s.evict_host(op[1])
+        if kind == "match":
+            return s.match(op[1])
+        raise ValueError(kind)
+
+    def serve(self, prompt: list[int], output: list[int], priority: int, chunk: bool) -> Any:
+        s, ps = self.side, self.ps
+        limit = len(prompt) - 1
+        m = s.match(prompt, limit)
+        loaded, node = s.init_load_back(prompt, limit)
+        lk = s.lock(node)
+        prefix = list(m["device_pages"]) + list(loaded)
+        full = prompt + output
+        aligned = len(full) - len(full) % ps
+        need = aligned // ps - len(prefix)
+        pages = s.alloc_device(need) if need > 0 else []
+        if pages is None:
+            shortfall = need * ps - len(s.snapshot()["device_free"]) * ps
+            s.evict_for_alloc(shortfall)
+            pages = s.alloc_device(need)
+        s.ready_to_load()
+        if pages is None:
+            s.unlock(lk)
+            return {"m": m, "loaded": loaded, "aborted": True}
+        kv = prefix + pages
+        protected = len(prefix) * ps
+        inserted = 0
+        results = []
+        if chunk and aligned // ps - len(prefix) >= 2:
+            cut = (len(prefix) + (aligned // ps - len(prefix)) // 2) * ps
+            r = s.insert(full[:cut], kv[: cut // ps], prev_prefix_len=protected,
+                         inserted_len=inserted, priority=priority)
+            results.append(r)
+            s.unlock(lk)
+            lk = s.lock(r["last_device"])
+            protected = inserted = cut
+            # the request's row now points at the tree's pages (checkpoint_into_tree rewrites it)
+            kv = list(s.match(full[:cut])["device_pages"]) + kv[cut // ps :]
+        r = s.insert(full[:aligned], kv, prev_prefix_len=protected, inserted_len=inserted,
+                     priority=priority)
+        results.append(r)
+        pal = len(prompt) - len(prompt) % ps
+        if 0 < pal < aligned:
+            results.append(s.insert(prompt[:pal], kv[: pal // ps], prev_prefix_len=pal,
+                                    inserted_len=pal, priority=priority + 1))
+        s.unlock(lk)
+        s.flush_pending_backups()
+        return {"m": m, "loaded": loaded, "ins": results}
+
+
+def diff(a: Any, b: Any, path: str = "") -> str | None:
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b), key=str):
+            if k not in a or k not in b:
+                return f"{path}.{k}: only on one side"
+            d = diff(a[k], b[k], f"{path}.{k}")
+            if d:
+                return d
+        return None
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        if len(a) != len(b):
+            return f"{path}: length {len(a)} != {len(b)}: {a!r} vs {b!r}"[:600]
+        for i, (x, y) in enumerate(zip(a, b)):
+            d = diff(x, y, f"{path}[{i}]")
+            if d:
+                return d
+        return None
+    return None if a == b else f"{path}: {a!r} != {b!r}"
+
+
+Factory = Callable[[Combo], Any]
+
+
+def run_sequence(combo: Combo, seed: int, steps: int, left: Factory, right: Factory) -> dict[str, Any] | None:
+    ops = Sequence(combo, seed, steps).ops()
+    a, b = Driver(left(combo), combo.page_size), Driver(right(combo), combo.page_size)
+    for i, op in enumerate(ops):
+        ra, rb = _safe(a, op), _safe(b, op)
+        d = diff(ra, rb, "result") or diff(canonical(a.side.snapshot()), canonical(b.side.snapshot()), "state")
+        if d:
+            return {"combo": combo.label(), "seed": seed, "step": i, "op": repr(op)[:300], "diff": d,
+                    "ops": [repr(o)[:200] for o in ops[: i + 1]]}
+    return None
+
+
+def _safe(d: Driver, op: tuple[Any, ...]) -> Any:
+    try:
+        return d.step(op)
+    except Exception as e:  # a raise is a result too: both sides must raise alike
+        return {"raised": type(e).__name__}
+
+
+def combos(page_sizes: list[int], policies: list[str], evictions: list[str]) -> list[Combo]:
+    return [Combo(w, e, p) for w in policies for e in evictions for p in page_sizes]
+
+
+def ours(combo: Combo) -> OursUnifiedCache:
+    return OursUnifiedCache(page_size=combo.page_size, device_pages=combo.device_pages,
+                            host_pages=combo.host_pages, write_policy=combo.write_policy,
+                            eviction_policy=combo.eviction_policy)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sequences", type=int, default=20, help="per combination")
+    ap.add_argument("--steps", type=int, default=80)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--page-sizes", default="1,4")
+    ap.add_argument("--policies", default=",".join(WRITE_POLICIES))
+    ap.add_argument("--evictions", default=",".join(EVICTION))
+    ap.add_argument("--cores", default="python,rust", help="real TreeCores to compare against")
+    ap.add_argument("--self-test", action="store_true", help="our core on both sides")
+    ap.add_argument("--out", default="runs/conformance-0.5.23")
+    args = ap.parse_args(argv)
+    cs = combos([int(p) for p in args.page_sizes.split(",")], args.policies.split(","),
+                args.evictions.split(","))
+    if args.self_test:
+        rights: dict[str, Factory] = {"ours": ours}
+    else:
+        from conformance.v0523.sglang_side import RealUnifiedCache
+
+        def real(core: str) -> Factory:
+            return lambda c: RealUnifiedCache(page_size=c.page_size, device_pages=c.device_pages,
+                                              host_pages=c.host_pages, write_policy=c.write_policy,
+                                              eviction_policy=c.eviction_policy, core=core)
+
+        rights = {core: real(core) for core in args.cores.split(",")}
+    report: dict[str, Any] = {"totals": {}, "mismatches": []}
+    bad = 0
+    for core, right in rights.items():
+        n = steps = 0
+        t0 = time.process_time()
+        for ci, combo in enumerate(cs):
+            for k in range(args.sequences):
+                seed = hash((args.seed, ci, k)) & 0xFFFFFFFF
+                res = run_sequence(combo, seed, args.steps, ours, right)
+                n += 1
+                steps += args.steps
+                if res:
+                    bad += 1
+                    res["core"] = core
+                    report["mismatches"].append(res)
+                    print(f"MISMATCH [{core}] {res['combo']} seed={seed} step={res['step']}: "
+                          f"{res['op'][:120]}\n   {res['diff'][:400]}", flush=True)
+        report["totals"][core] = {"sequences": n, "steps": steps,
+                                  "mismatches": sum(1 for m in report["mismatches"] if m["core"] == core),
+                                  "cpu_s": round(time.process_time() - t0, 1)}
+        print(f"[{core}] {n} sequences x {args.steps} steps over {len(cs)} combinations: "
+              f"{report['totals'][core]['mismatches']} mismatching", flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "conformance.json").write_text(json.dumps(report, indent=1, default=str))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,193 @@
+"""The request KV lifecycle against SGLang 0.5.23's cache (:mod:`hicache.policy.v0523`).
+
+The same steps as :class:`hicache.lifecycle.KVLifecycle` (admit, allocate, checkpoint after
+prefill, allocate decode pages, finish, abort), with what 0.5.23 changed around the cache:
+
+* **allocation**: when the pool is short, ``evict_to_free_tokens`` asks the cache for the
+  *shortfall* (``evict_for_alloc``, which walks until the pool has it), not the whole request
+  (allocator/base.py:155-169); the paged-extend estimate is unchanged (one page per request);
+* **checkpoint** (``checkpoint_into_tree``, unified_radix_cache.py:1164-1336): one insert with
+  the request's protected prefix and its ``cache_inserted_len`` watermark -- the insert frees the
+  duplicates itself -- then, once the key passes the prompt, a second insert of the page-aligned
+  prompt with priority + 1 (the prompt-boundary split), and the lock moves to the new last node
+  without a re-match (``path_device_indices``);
+* **load back**: ``init_load_back`` whenever the best match is evicted or a host hit exists.
+
+A lone request at a time, as ``sim.hitrate`` drives it. The timed scheduler still drives
+0.5.14 only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+from hicache.lifecycle import OUTPUT_MODES, PagedRequest
+from hicache.policy.radix import ExtendedPageKey, PageKey
+from hicache.policy.v0523 import UNode, UnifiedRadixCache
+
+
+@dataclass(slots=True)
+class ReqKV23:
+    """The KV a request holds: ``kv`` covers its pages; the first ``protected_pages`` are the
+    tree's (``cache_protected_len``), pinned through ``last_node``; ``inserted_len`` is the
+    ``cache_inserted_len`` watermark (tokens) that hit counting reads."""
+
+    key: Sequence[Hashable]
+    kv: list[int]
+    last_node: UNode
+    protected_pages: int = 0
+    inserted_len: int = 0
+
+
+@dataclass(slots=True)
+class Admitted23:
+    kv: ReqKV23
+    device_pages: int
+    loaded_pages: int
+
+
+class KVLifecycle0523:
+    """The lifecycle steps on one :class:`UnifiedRadixCache` (see the module docstring)."""
+
+    def __init__(self, cache: UnifiedRadixCache, outputs: str = "cache") -> None:
+        if outputs not in OUTPUT_MODES:
+            raise ValueError(f"outputs must be one of {', '.join(OUTPUT_MODES)}, got {outputs!r}")
+        self.cache = cache
+        self.page_size = cache.page_size
+        self.outputs = outputs
+        self._uniq = 0
+
+    # ---------------------------------------------------------------------------- keys --
+    def prompt_key(self, req: PagedRequest) -> PageKey:
+        n = req.input_length // self.page_size
+        sym = req.symbols
+        return sym if len(sym) == n and isinstance(sym, PageKey) else PageKey(sym[:n])
+
+    def extend_key(self, prompt: PageKey, out_symbols: list[Hashable], full: int) -> PageKey:
+        n = len(prompt)
+        if full <= n:
+            return prompt if full == n else PageKey(prompt[:full])
+        short = full - n - len(out_symbols)
+        if short > 0:
+            u = self._uniq
+            out_symbols.extend(range(u - 1, u - 1 - short, -1))
+            self._uniq = u - short
+        return ExtendedPageKey(prompt, out_symbols[: full - n])
+
+    # ----------------------------------------------------------------------- admission --
+    def admit(self, key: Sequence[Hashable], fill_len: int) -> Admitted23:
+        """Match the first ``fill_len - 1`` tokens, load back a host hit, lock the last node."""
+        ps = self.page_size
+        limit = max(0, (fill_len - 1) // ps)
+        cache = self.cache
+        m = cache.match_prefix(tuple(key[:limit]) if len(key) > limit else tuple(key))
+        prefix = list(m.device_pages)
+        last = m.last_device
+        if m.best.evicted or m.host_hit_length > 0:
+            # 0.5.22+: admission pins best_match_node on both tiers while it checks the
+            # load-back budget (schedule_policy.py:1470-1522); with no budget here the pin
+            # only guards the load against its own eviction, which the load's lock does too
+            loaded, node = cache.init_load_back(m.best, m.host_hit_length, m.last_device)
+            if loaded:
+                prefix += cache.tree.path_device_pages(node, m.last_device)
+                last = node
+        cache.inc_lock_ref(last)
+        kv = ReqKV23(key=key, kv=prefix, last_node=last, protected_pages=len(prefix))
+        return Admitted23(kv, len(m.device_pages), len(prefix) - len(m.device_pages))
+
+    # -------------------------------------------------------------------------- memory --
+    def _evict_to_free(self, num_tokens: int) -> None:
+        dev = self.cache.controller.device
+        short = num_tokens - dev.available_size()
+        if short > 0:
+            self.cache.evict_for_alloc(short)
+
+    def reserve_prompt(self, kv: ReqKV23, prompt_tokens: int) -> bool:
+        """Pages for the rest of the prompt (``alloc_paged_token_slots_extend``: the extend
+        plus one page when ``page_size > 1``). ``False``: aborted."""
+        p = self.page_size
+        have = len(kv.kv)
+        need = -(-prompt_tokens // p) - have
+        if need <= 0:
+            return True
+        self._evict_to_free(prompt_tokens - have * p + (p if p > 1 else 0))
+        if not self.cache.controller.device.alloc_into(kv.kv, need):
+            self.abort(kv)
+            return False
+        return True
+
+    def alloc_outputs(self, kv: ReqKV23, kv_tokens: int) -> bool:
+        """Decode pages up to ``kv_tokens``, one page per page boundary when the pool is short
+        (``alloc_for_decode``: one page per request of estimate)."""
+        p = self.page_size
+        need = -(-kv_tokens // p) - len(kv.kv)
+        if need <= 0:
+            return True
+        dev = self.cache.controller.device
+        if dev.free_page_count() >= need:
+            dev.alloc_into(kv.kv, need)
+            return True
+        for _ in range(need):
+            self._evict_to_free(p)
+            if not dev.alloc_into(kv.kv, 1):
+                self.abort(kv)
+                return False
+        return True
+
+    # ------------------------------------------------------------------------- insert --
+    def checkpoint(self, kv: ReqKV23, prompt_pages: int) -> None:
+        """``checkpoint_into_tree`` of ``kv.key`` (the caller sets it to what is cached)."""
+        cache, ps = self.cache, self.page_size
+        key = tuple(kv.key)
+        n = len(key)
+        prefix_len, last = cache.insert(
+            key,
+            kv.kv,
+            prev_prefix_len=kv.protected_pages * ps,
+            inserted_len=kv.inserted_len,
+            priority=0,
+        )
+        kv.inserted_len = max(kv.inserted_len, n * ps)
+        if 0 < prompt_pages < n:
+            cache.insert(
+                key[:prompt_pages],
+                kv.kv,
+                prev_prefix_len=prompt_pages * ps,
+                inserted_len=prompt_pages * ps,
+                priority=1,
+            )
+        pages = cache.tree.path_device_pages(last, cache.root)
+        assert len(pages) == n, "checkpoint: the inserted path does not cover the key"
+        kv.kv[kv.protected_pages : n] = pages[kv.protected_pages :]
+        cache.dec_lock_ref(kv.last_node)
+        cache.inc_lock_ref(last)
+        kv.last_node = last
+        kv.protected_pages = n
+        del prefix_len
+
+    def after_prefill(self, kv: ReqKV23, prompt_pages: int) -> None:
+        self.checkpoint(kv, prompt_pages)
+
+    def finish(
+        self, kv: ReqKV23, prompt: PageKey, out_symbols: list[Hashable], kv_tokens: int
+    ) -> None:
+        """The finished request's checkpoint (prompt + outputs, or the prompt only), then its
+        release: the unaligned tail is freed and the lock dropped."""
+        if self.outputs == "cache":
+            kv.key = self.extend_key(prompt, out_symbols, kv_tokens // self.page_size)
+        else:
+            kv.key = prompt
+        self.checkpoint(kv, len(prompt))
+        self._release(kv)
+
+    def _release(self, kv: ReqKV23) -> None:
+        tail = kv.kv[kv.protected_pages :]
+        if tail:
+            self.cache.controller.free_device(tail)
+        self.cache.dec_lock_ref(kv.last_node)
+        kv.kv = []
+
+    def abort(self, kv: ReqKV23) -> None:
+        """Out of memory: free the request's own pages, release its lock, insert nothing."""
+        self._release(kv)

@@ -1,0 +1,39 @@
+"""The SGLang releases whose cache hicache-sim reproduces, and what each one selects.
+
+One registry line per version: the policy core that decides (a folder under
+``hicache/policy``) and the facts a user should know before choosing. ``sglang.version`` in the
+config, ``--sglang-version`` on the command line.
+"""
+
+from __future__ import annotations
+
+#: version -> (the policy core, what differs from the previous supported version)
+SGLANG_VERSIONS: dict[str, tuple[str, str]] = {
+    "0.5.14": (
+        "hicache.policy.hiradix.HiRadixCache",
+        "HiRadixCache (SGLang <= 0.5.18): the cache this tool was first built against; the "
+        "only version with the L3 tier, the timed scheduler and replay so far",
+    ),
+    "0.5.23": (
+        "hicache.policy.v0523.UnifiedRadixCache",
+        "UnifiedRadixCache (SGLang >= 0.5.19): eviction frees the shortfall only; write-through "
+        "backs up unbacked ancestors; hits follow a per-request inserted-length watermark "
+        "(write_through_selective backs up far less); finished requests split at the prompt "
+        "boundary; write_back backs up and demotes one victim at a time, drops the subtree when "
+        "the host is full and reclaims host duplicates first; load_back locks the whole chain; "
+        "device->host writes are merged per scheduler step. Cache-only (hitrate) for now",
+    ),
+}
+
+#: The version a run uses when none is given. Still 0.5.14 while 0.5.23 covers only the
+#: cache-only replay (issue 24); it becomes the newest once the timed path runs it too.
+DEFAULT_SGLANG_VERSION = "0.5.14"
+
+
+def check_version(version: str) -> str:
+    """``version`` if supported, else ``ValueError`` naming the choices."""
+    if version not in SGLANG_VERSIONS:
+        raise ValueError(
+            f"unknown SGLang version {version!r}; choose one of {', '.join(SGLANG_VERSIONS)}"
+        )
+    return version
