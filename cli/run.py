@@ -234,7 +234,7 @@ def _hitrate_configs(args: argparse.Namespace, notes: list[str]) -> list[Any]:
     _check_names("--write-policy", "write policy", args.write_policy, WRITE_POLICIES)
     from hicache.versions import SGLANG_VERSIONS
 
-    _check_names("--sglang-version", "SGLang version", args.sglang_version, SGLANG_VERSIONS)
+    _check_names("--sglang-version", "SGLang version", args.sglang_version, list(SGLANG_VERSIONS))
     args.device_tokens = _device_sizes(args, notes)
     configs = [
         HitRateConfig(

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from hicache.lifecycle import OUTPUT_MODES, PagedRequest
 from hicache.policy.radix import ExtendedPageKey, PageKey
-from hicache.policy.v0523 import UNode, UnifiedRadixCache
+from hicache.policy.v0523 import UnifiedRadixCache, UNode
 
 
 @dataclass(slots=True)

@@ -31,14 +31,16 @@ def test_upgrading_changes_write_through_selective_as_the_real_classes_do(synthe
     # issue 24, measured with the real HiRadixCache 0.5.14 and UnifiedRadixCache 0.5.23 on this
     # trace at 1 M : 4 M, page 64, LRU: host hit 23.4 % -> 10.4 % (a request no longer counts
     # its own second insert); write_through equal within 0.2 points; write_back gains host hits
-    d14, h14 = _rates(synthetic, "write_through_selective", "0.5.14")
-    d23, h23 = _rates(synthetic, "write_through_selective", "0.5.23")
+    _, h14 = _rates(synthetic, "write_through_selective", "0.5.14")
+    _, h23 = _rates(synthetic, "write_through_selective", "0.5.23")
     assert h14 == pytest.approx(0.234, abs=0.002)
     assert h23 == pytest.approx(0.104, abs=0.002)
     wt14 = sum(_rates(synthetic, "write_through", "0.5.14"))
     wt23 = sum(_rates(synthetic, "write_through", "0.5.23"))
     assert abs(wt14 - wt23) < 0.002
-    assert _rates(synthetic, "write_back", "0.5.23")[1] > _rates(synthetic, "write_back", "0.5.14")[1]
+    assert (
+        _rates(synthetic, "write_back", "0.5.23")[1] > _rates(synthetic, "write_back", "0.5.14")[1]
+    )
 
 
 def test_unknown_version_and_unsupported_combinations_are_refused() -> None:

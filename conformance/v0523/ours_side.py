@@ -13,7 +13,7 @@ from typing import Any
 
 from hicache.policy import ManualController, PageAllocator
 from hicache.policy.radix import to_page_key
-from hicache.policy.v0523 import UNode, UnifiedRadixCache
+from hicache.policy.v0523 import UnifiedRadixCache, UNode
 
 Path = tuple[int, ...]
 

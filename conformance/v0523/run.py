@@ -93,7 +93,9 @@ class Sequence:
             x = r.random()
             if x < 0.40:
                 prompt = self.tokens(r.randrange(1, 5))
-                output = [r.randrange(1, 4) for _ in range(r.randrange(0, 3 * self.combo.page_size))]
+                output = [
+                    r.randrange(1, 4) for _ in range(r.randrange(0, 3 * self.combo.page_size))
+                ]
                 chunk = r.random() < 0.25
                 out.append(("serve", prompt, output, r.randrange(0, 3), chunk))
             elif x < 0.50:
@@ -177,21 +179,34 @@ class Driver:
         results = []
         if chunk and aligned // ps - len(prefix) >= 2:
             cut = (len(prefix) + (aligned // ps - len(prefix)) // 2) * ps
-            r = s.insert(full[:cut], kv[: cut // ps], prev_prefix_len=protected,
-                         inserted_len=inserted, priority=priority)
+            r = s.insert(
+                full[:cut],
+                kv[: cut // ps],
+                prev_prefix_len=protected,
+                inserted_len=inserted,
+                priority=priority,
+            )
             results.append(r)
             s.unlock(lk)
             lk = s.lock(r["last_device"])
             protected = inserted = cut
             # the request's row now points at the tree's pages (checkpoint_into_tree rewrites it)
             kv = list(s.match(full[:cut])["device_pages"]) + kv[cut // ps :]
-        r = s.insert(full[:aligned], kv, prev_prefix_len=protected, inserted_len=inserted,
-                     priority=priority)
+        r = s.insert(
+            full[:aligned], kv, prev_prefix_len=protected, inserted_len=inserted, priority=priority
+        )
         results.append(r)
         pal = len(prompt) - len(prompt) % ps
         if 0 < pal < aligned:
-            results.append(s.insert(prompt[:pal], kv[: pal // ps], prev_prefix_len=pal,
-                                    inserted_len=pal, priority=priority + 1))
+            results.append(
+                s.insert(
+                    prompt[:pal],
+                    kv[: pal // ps],
+                    prev_prefix_len=pal,
+                    inserted_len=pal,
+                    priority=priority + 1,
+                )
+            )
         s.unlock(lk)
         s.flush_pending_backups()
         return {"m": m, "loaded": loaded, "ins": results}
@@ -209,7 +224,7 @@ def diff(a: Any, b: Any, path: str = "") -> str | None:
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         if len(a) != len(b):
             return f"{path}: length {len(a)} != {len(b)}: {a!r} vs {b!r}"[:600]
-        for i, (x, y) in enumerate(zip(a, b)):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
             d = diff(x, y, f"{path}[{i}]")
             if d:
                 return d
@@ -220,15 +235,25 @@ def diff(a: Any, b: Any, path: str = "") -> str | None:
 Factory = Callable[[Combo], Any]
 
 
-def run_sequence(combo: Combo, seed: int, steps: int, left: Factory, right: Factory) -> dict[str, Any] | None:
+def run_sequence(
+    combo: Combo, seed: int, steps: int, left: Factory, right: Factory
+) -> dict[str, Any] | None:
     ops = Sequence(combo, seed, steps).ops()
     a, b = Driver(left(combo), combo.page_size), Driver(right(combo), combo.page_size)
     for i, op in enumerate(ops):
         ra, rb = _safe(a, op), _safe(b, op)
-        d = diff(ra, rb, "result") or diff(canonical(a.side.snapshot()), canonical(b.side.snapshot()), "state")
+        d = diff(ra, rb, "result") or diff(
+            canonical(a.side.snapshot()), canonical(b.side.snapshot()), "state"
+        )
         if d:
-            return {"combo": combo.label(), "seed": seed, "step": i, "op": repr(op)[:300], "diff": d,
-                    "ops": [repr(o)[:200] for o in ops[: i + 1]]}
+            return {
+                "combo": combo.label(),
+                "seed": seed,
+                "step": i,
+                "op": repr(op)[:300],
+                "diff": d,
+                "ops": [repr(o)[:200] for o in ops[: i + 1]],
+            }
     return None
 
 
@@ -244,9 +269,13 @@ def combos(page_sizes: list[int], policies: list[str], evictions: list[str]) -> 
 
 
 def ours(combo: Combo) -> OursUnifiedCache:
-    return OursUnifiedCache(page_size=combo.page_size, device_pages=combo.device_pages,
-                            host_pages=combo.host_pages, write_policy=combo.write_policy,
-                            eviction_policy=combo.eviction_policy)
+    return OursUnifiedCache(
+        page_size=combo.page_size,
+        device_pages=combo.device_pages,
+        host_pages=combo.host_pages,
+        write_policy=combo.write_policy,
+        eviction_policy=combo.eviction_policy,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -261,17 +290,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--self-test", action="store_true", help="our core on both sides")
     ap.add_argument("--out", default="runs/conformance-0.5.23")
     args = ap.parse_args(argv)
-    cs = combos([int(p) for p in args.page_sizes.split(",")], args.policies.split(","),
-                args.evictions.split(","))
+    cs = combos(
+        [int(p) for p in args.page_sizes.split(",")],
+        args.policies.split(","),
+        args.evictions.split(","),
+    )
     if args.self_test:
         rights: dict[str, Factory] = {"ours": ours}
     else:
         from conformance.v0523.sglang_side import RealUnifiedCache
 
         def real(core: str) -> Factory:
-            return lambda c: RealUnifiedCache(page_size=c.page_size, device_pages=c.device_pages,
-                                              host_pages=c.host_pages, write_policy=c.write_policy,
-                                              eviction_policy=c.eviction_policy, core=core)
+            return lambda c: RealUnifiedCache(
+                page_size=c.page_size,
+                device_pages=c.device_pages,
+                host_pages=c.host_pages,
+                write_policy=c.write_policy,
+                eviction_policy=c.eviction_policy,
+                core=core,
+            )
 
         rights = {core: real(core) for core in args.cores.split(",")}
     report: dict[str, Any] = {"totals": {}, "mismatches": []}
@@ -289,13 +326,22 @@ def main(argv: list[str] | None = None) -> int:
                     bad += 1
                     res["core"] = core
                     report["mismatches"].append(res)
-                    print(f"MISMATCH [{core}] {res['combo']} seed={seed} step={res['step']}: "
-                          f"{res['op'][:120]}\n   {res['diff'][:400]}", flush=True)
-        report["totals"][core] = {"sequences": n, "steps": steps,
-                                  "mismatches": sum(1 for m in report["mismatches"] if m["core"] == core),
-                                  "cpu_s": round(time.process_time() - t0, 1)}
-        print(f"[{core}] {n} sequences x {args.steps} steps over {len(cs)} combinations: "
-              f"{report['totals'][core]['mismatches']} mismatching", flush=True)
+                    print(
+                        f"MISMATCH [{core}] {res['combo']} seed={seed} step={res['step']}: "
+                        f"{res['op'][:120]}\n   {res['diff'][:400]}",
+                        flush=True,
+                    )
+        report["totals"][core] = {
+            "sequences": n,
+            "steps": steps,
+            "mismatches": sum(1 for m in report["mismatches"] if m["core"] == core),
+            "cpu_s": round(time.process_time() - t0, 1),
+        }
+        print(
+            f"[{core}] {n} sequences x {args.steps} steps over {len(cs)} combinations: "
+            f"{report['totals'][core]['mismatches']} mismatching",
+            flush=True,
+        )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "conformance.json").write_text(json.dumps(report, indent=1, default=str))

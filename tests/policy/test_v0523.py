@@ -7,7 +7,7 @@ import pytest
 
 from hicache.policy import ManualController, PageAllocator
 from hicache.policy.radix import to_page_key
-from hicache.policy.v0523 import UNode, UnifiedRadixCache
+from hicache.policy.v0523 import UnifiedRadixCache, UNode
 
 
 def make(
@@ -52,7 +52,7 @@ def test_write_through_backs_up_unbacked_ancestors_parent_first() -> None:
     put(c, [1, 2, 3, 4])
     # a second request sharing [1, 2] splits the node: the prefix gets hit 2 -> backed up;
     # the new leaf [5, 6] reaches 1 only
-    prefix, _ = c.insert(to_page_key([1, 2, 5, 6], 1), [0, 1] + ctrl.device.alloc_pages(2))  # type: ignore[operator]
+    prefix, _ = c.insert(to_page_key([1, 2, 5, 6], 1), [0, 1, *(ctrl.device.alloc_pages(2) or [])])  # type: ignore[operator]
     assert prefix == 2
     c.flush_pending_backups()
     assert [op.node_ids for op in ctrl.write_queue] and len(ctrl.write_queue) == 1
@@ -62,7 +62,7 @@ def test_write_through_backs_up_unbacked_ancestors_parent_first() -> None:
     # the chain rule: an unbacked leaf under an unbacked parent is backed up with it
     c2, ctrl2 = make(policy="write_through_selective")
     put(c2, [1, 2, 3, 4])
-    c2.insert(to_page_key([1, 2, 3, 4, 7, 8], 1), [0, 1, 2, 3] + ctrl2.device.alloc_pages(2),  # type: ignore[operator]
+    c2.insert(to_page_key([1, 2, 3, 4, 7, 8], 1), [0, 1, 2, 3, *(ctrl2.device.alloc_pages(2) or [])],  # type: ignore[operator]
               prev_prefix_len=4)  # fmt: skip
     # [1..4] reaches 2 hits (backed up); [7, 8] is new (1 hit)
     c2.insert(to_page_key([1, 2, 3, 4, 7, 8], 1), [0, 1, 2, 3, 4, 5], prev_prefix_len=6)
@@ -113,7 +113,7 @@ def test_duplicates_of_the_request_are_freed_by_insert_itself() -> None:
 
 
 def test_prompt_boundary_split_gives_outputs_their_own_leaf_with_lower_priority() -> None:
-    c, ctrl = make(host=0, ev="priority")
+    c, _ = make(host=0, ev="priority")
     full = [1, 2, 3, 4, 5, 6]
     _, leaf = put(c, full)
     c.insert(to_page_key(full[:4], 1), list((leaf.value or [])[:4]), prev_prefix_len=4,
@@ -175,7 +175,7 @@ def test_load_back_evicts_the_shortfall_before_loading_and_keeps_the_chain_locke
     _, b = put(c, list(range(200, 232)))  # fills the device
     settle(c, ctrl)
     assert ctrl.device.available_size() == 0
-    m = c.match_prefix(to_page_key(list(range(100, 116)) + [1], 1))
+    m = c.match_prefix(to_page_key([*range(100, 116), 1], 1))
     assert m.host_hit_length == 16
     loaded, node = c.init_load_back(m.best, m.host_hit_length, m.last_device)
     assert loaded == 16 and node is a
@@ -198,7 +198,7 @@ def test_load_back_below_the_threshold_is_skipped() -> None:
 
 
 def test_match_stamps_the_best_path_so_lru_evicts_the_other_branch() -> None:
-    c, ctrl = make(host=0)
+    c, _ = make(host=0)
     put(c, list(range(100, 132)))
     put(c, list(range(200, 232)))
     c.match_prefix(to_page_key(list(range(100, 116)), 1))  # splits A, touches A's prefix

@@ -333,12 +333,11 @@ class UnifiedRadixCache:
     ) -> tuple[int, UNode]:
         """``init_load_back``: load if the best match is evicted or has a host hit; returns
         ``(loaded tokens, node to lock)``."""
-        if best.evicted or host_hit_length > 0:
-            if self.load_back(best):
-                loaded = self.tree.path_device_pages(best, last_device)
-                if not loaded:
-                    return 0, last_device
-                return len(loaded) * self.page_size, best
+        if (best.evicted or host_hit_length > 0) and self.load_back(best):
+            loaded = self.tree.path_device_pages(best, last_device)
+            if not loaded:
+                return 0, last_device
+            return len(loaded) * self.page_size, best
         return 0, last_device
 
     def ready_to_load_host_cache(self) -> int:
