@@ -167,6 +167,21 @@ class OursUnifiedCache:
     def finish_loads(self, count: int | None) -> int:
         return self.ctrl.complete_loads(count)
 
+    def coverage(self) -> dict[str, int]:
+        """What this sequence exercised (counts, for the run's report)."""
+        st = self.cache.stats
+        return {
+            "load_backs": st.load_back_calls,
+            "tokens_loaded": st.loaded_tokens,
+            "load_back_failures": st.load_back_failures,
+            "demoted_tokens": st.device_demoted_tokens,
+            "deleted_tokens": st.device_deleted_tokens,
+            "write_back_tokens": st.write_back_tokens,
+            "write_back_drops": st.backup_failures,
+            "host_evicted_tokens": st.host_evicted_tokens,
+            "write_ops": self.ctrl.write_ops,
+        }
+
     # -- state -----------------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
         nodes: list[dict[str, Any]] = []
@@ -191,10 +206,32 @@ class OursUnifiedCache:
                 walk(c)
 
         walk(self.cache.root)
+        live = self.cache.tree.nodes
+
+        def p(node_id: int) -> Path | None:
+            node = live.get(node_id)
+            return None if node is None else self.path(node)
+
+        def ids(op: Any) -> list[int]:
+            return [op.node_id] if op.node_ids is None else list(op.node_ids)
+
+        ctrl = self.ctrl
         return {
             "nodes": nodes,
+            "root_lock_ref": self.cache.root.lock_ref,
             "evictable_size": self.cache.evictable_size,
             "protected_size": self.cache.protected_size,
             "device_free": self.device.free_pages_snapshot(),
             "host_free": [] if self.host is None else self.host.free_pages_snapshot(),
+            "write_queue": [[p(op.node_id)] for op in ctrl.pending_writes],
+            "writes_in_flight": [[p(i) for i in ids(op)] for op in ctrl.write_queue],
+            "writes_done": [op.done for op in ctrl.write_queue],
+            "load_queue": [[p(op.node_id)] for op in ctrl.pending_loads],
+            "loads_in_flight": [[p(i) for i in b.node_ids] for b in ctrl.load_queue],
+            "loads_done": [b.done for b in ctrl.load_queue],
+            "ongoing_write_through": [
+                (p(ack_id), sorted(self.path(n) for n in wt.publish))
+                for ack_id, wt in self.cache.ongoing_write_through.items()
+            ],
+            "ongoing_load_back": [p(i) for i in self.cache.ongoing_load_back],
         }
