@@ -81,21 +81,33 @@ device-check:
 	fi
 
 # Opt-in conformance check (not part of `make test`): our policy core side by side with the
-# real SGLang HiRadixCache on random operation sequences (conformance/README.md). Builds
-# .venv-conformance (the sglang wheel with --no-deps, the CPU torch wheel from disk, a few light
-# packages); when the wheel cannot be had it prints "conformance SKIPPED: <why>" and succeeds.
+# real SGLang cache on random operation sequences (conformance/README.md), for every supported
+# SGLang version (`SGLANG_VERSION=0.5.14` or `0.5.23` for one): 0.5.14's HiRadixCache in
+# .venv-conformance, 0.5.23's UnifiedRadixCache (both TreeCores) in .venv-conformance-0.5.23.
+# Each venv holds the sglang wheel (--no-deps), the CPU torch wheel and a few light packages;
+# when a wheel cannot be had it prints "conformance SKIPPED: <why>" and succeeds.
 # Extra options: CONFORMANCE_ARGS="--sequences 10 --steps 50".
-SGLANG_VERSION ?= 0.5.14
-CONF_VENV := .venv-conformance
+SGLANG_VERSION ?= all
+CONF_VERSIONS := 0.5.14 0.5.23
 CONFORMANCE_ARGS ?=
-
-$(CONF_VENV)/.ready-$(SGLANG_VERSION): conformance/requirements.txt conformance/make_venv.sh
-	@bash conformance/make_venv.sh $(PYTHON) $(CONF_VENV) $(SGLANG_VERSION) $(TORCH_CPU)
+conf_venv = $(if $(filter 0.5.14,$(1)),.venv-conformance,.venv-conformance-$(1))
+conf_module = $(if $(filter 0.5.14,$(1)),conformance.run,conformance.v0523.run)
 
 .PHONY: conformance
-conformance: $(CONF_VENV)/.ready-$(SGLANG_VERSION)
-	@if [ -f $(CONF_VENV)/.ready-$(SGLANG_VERSION) ]; then \
-	  $(CONF_VENV)/bin/python -m conformance.run $(CONFORMANCE_ARGS); \
+conformance:
+	@set -e; for v in $(if $(filter all,$(SGLANG_VERSION)),$(CONF_VERSIONS),$(SGLANG_VERSION)); do \
+	  $(MAKE) --no-print-directory conformance-one CONF_V=$$v; \
+	done
+
+.PHONY: conformance-one
+conformance-one:
+	@venv=$(call conf_venv,$(CONF_V)); \
+	if [ ! -f $$venv/.ready-$(CONF_V) ] || [ conformance/make_venv.sh -nt $$venv/.ready-$(CONF_V) ]; then \
+	  bash conformance/make_venv.sh $(PYTHON) $$venv $(CONF_V) $(TORCH_CPU); \
+	fi; \
+	if [ -f $$venv/.ready-$(CONF_V) ]; then \
+	  echo "== conformance against SGLang $(CONF_V)"; \
+	  $$venv/bin/python -m $(call conf_module,$(CONF_V)) $(CONFORMANCE_ARGS); \
 	else \
-	  echo "conformance SKIPPED: $$(cat $(CONF_VENV)/.skip-reason 2>/dev/null || echo 'no venv')"; \
+	  echo "conformance SKIPPED ($(CONF_V)): $$(cat $$venv/.skip-reason 2>/dev/null || echo 'no venv')"; \
 	fi

@@ -52,7 +52,7 @@ class _HiddenFinder(_Finder):
     """Serves stand-ins to ``import`` only; ``importlib.util.find_spec`` gets None."""
 
     def find_spec(self, fullname, path, target=None):  # type: ignore[no-untyped-def]
-        frame = sys._getframe(1)
+        frame: types.FrameType | None = sys._getframe(1)
         for _ in range(3):
             if frame is None:
                 break
@@ -111,5 +111,6 @@ def stubbed_modules() -> list[str]:
 def check_real() -> None:
     for name in UNDER_TEST:
         module = sys.modules.get(name)
-        if module is None or isinstance(module, StubModule) or not getattr(module, "__file__", None):
+        real = getattr(module, "__file__", None)
+        if module is None or isinstance(module, StubModule) or not real:
             raise RuntimeError(f"{name} must be the real SGLang module")

@@ -12,7 +12,7 @@ import io
 import random
 import sys
 import time
-from typing import Any, Optional
+from typing import Any
 
 from conformance.v0523.sglang_side import RealUnifiedCache, common_view, sglang_version
 
@@ -37,16 +37,26 @@ def fmt_nodes(snap: dict[str, Any]) -> str:
         f"    evictable={snap['evictable_size']} protected={snap['protected_size']}"
         f" dev_free={snap['device_free']} host_free={snap['host_free']}"
     )
-    pend = {k: snap[k] for k in ("write_queue", "writes_in_flight", "load_queue",
-                                  "loads_in_flight", "ongoing_write_through",
-                                  "ongoing_load_back") if snap[k]}
+    pend = {
+        k: snap[k]
+        for k in (
+            "write_queue",
+            "writes_in_flight",
+            "load_queue",
+            "loads_in_flight",
+            "ongoing_write_through",
+            "ongoing_load_back",
+        )
+        if snap[k]
+    }
     if pend:
         lines.append(f"    pending={pend}")
     return "\n".join(lines)
 
 
-def serve(c: RealUnifiedCache, tokens: list[int], priority: int = 0,
-          inserted_len: int = 0) -> dict[str, Any]:
+def serve(
+    c: RealUnifiedCache, tokens: list[int], priority: int = 0, inserted_len: int = 0
+) -> dict[str, Any]:
     """Match (limit len-1), allocate the rest (evicting the shortfall), insert, like a request
     that prefills ``tokens`` and is cached at once (no load-back of a host hit)."""
     m = c.match(tokens, limit=len(tokens) - 1)
@@ -60,8 +70,13 @@ def serve(c: RealUnifiedCache, tokens: list[int], priority: int = 0,
             pages = c.alloc_device(need)
         if pages is None:
             return {"match": m, "insert": None}
-        r = c.insert(tokens, m["device_pages"] + pages, prev_prefix_len=have * PS,
-                     inserted_len=inserted_len, priority=priority)
+        r = c.insert(
+            tokens,
+            m["device_pages"] + pages,
+            prev_prefix_len=have * PS,
+            inserted_len=inserted_len,
+            priority=priority,
+        )
     finally:
         c.unlock(h)
     return {"match": m, "insert": r}
@@ -73,16 +88,28 @@ def scenarios(core: str) -> None:
     B = [1, 2, 3, 4, 9, 9, 9, 9]
 
     print("(1) insert A, insert B sharing a prefix, match A")
-    c = RealUnifiedCache(page_size=PS, device_pages=12, host_pages=12,
-                         write_policy="write_through", eviction_policy="lru", core=core)
+    c = RealUnifiedCache(
+        page_size=PS,
+        device_pages=12,
+        host_pages=12,
+        write_policy="write_through",
+        eviction_policy="lru",
+        core=core,
+    )
     print("  serve A ->", serve(c, A)["insert"])
     print("  serve B ->", serve(c, B)["insert"])
     print("  match A ->", c.match(A))
     print(fmt_nodes(c.snapshot()))
 
     print("(2) write_through: insert, flush_pending_backups, finish_writes, writing_check")
-    c = RealUnifiedCache(page_size=PS, device_pages=12, host_pages=12,
-                         write_policy="write_through", eviction_policy="lru", core=core)
+    c = RealUnifiedCache(
+        page_size=PS,
+        device_pages=12,
+        host_pages=12,
+        write_policy="write_through",
+        eviction_policy="lru",
+        core=core,
+    )
     L = list(range(1, 17))  # 16 tokens: a load-back needs >= 10 (load_back_threshold)
     serve(c, L)
     print(fmt_nodes(c.snapshot()))
@@ -107,8 +134,14 @@ def scenarios(core: str) -> None:
     c.state_ok()
 
     print("(4) write_back eviction with the host full (subtree drop)")
-    c = RealUnifiedCache(page_size=PS, device_pages=8, host_pages=2,
-                         write_policy="write_back", eviction_policy="lru", core=core)
+    c = RealUnifiedCache(
+        page_size=PS,
+        device_pages=8,
+        host_pages=2,
+        write_policy="write_back",
+        eviction_policy="lru",
+        core=core,
+    )
     serve(c, [1, 1, 1, 1, 1, 1])  # 3 pages: can never fit the 2-page host
     serve(c, [1, 1, 1, 1, 1, 1, 0, 0])  # its child
     serve(c, [2, 2])
@@ -118,8 +151,14 @@ def scenarios(core: str) -> None:
     c.state_ok()
 
     print("(5) insert of an evicted node (re-valued, counts a hit)")
-    c = RealUnifiedCache(page_size=PS, device_pages=8, host_pages=8,
-                         write_policy="write_through_selective", eviction_policy="lru", core=core)
+    c = RealUnifiedCache(
+        page_size=PS,
+        device_pages=8,
+        host_pages=8,
+        write_policy="write_through_selective",
+        eviction_policy="lru",
+        core=core,
+    )
     serve(c, A)
     c.flush_pending_backups()
     c.finish_writes(None)
@@ -138,16 +177,29 @@ def scenarios(core: str) -> None:
     print("  match", m, "\n  insert A on fresh pages", pages, "->", r)
     print(fmt_nodes(c.snapshot()))
 
-    print("(6) prompt-boundary split (checkpoint_into_tree: 2nd insert of the page-aligned "
-          "prompt, prev_prefix_len = inserted_len = prompt length, priority + 1)")
-    c = RealUnifiedCache(page_size=PS, device_pages=12, host_pages=12,
-                         write_policy="write_through", eviction_policy="priority", core=core)
+    print(
+        "(6) prompt-boundary split (checkpoint_into_tree: 2nd insert of the page-aligned "
+        "prompt, prev_prefix_len = inserted_len = prompt length, priority + 1)"
+    )
+    c = RealUnifiedCache(
+        page_size=PS,
+        device_pages=12,
+        host_pages=12,
+        write_policy="write_through",
+        eviction_policy="priority",
+        core=core,
+    )
     prompt, full = [5, 5, 6, 6], [5, 5, 6, 6, 7, 7, 8]
     key = full[: len(full) // PS * PS]
     pages = c.alloc_device(len(key) // PS)
     r1 = c.insert(key, pages, prev_prefix_len=0, inserted_len=0, priority=3)
-    r2 = c.insert(prompt, pages[: len(prompt) // PS], prev_prefix_len=len(prompt),
-                  inserted_len=len(prompt), priority=4)
+    r2 = c.insert(
+        prompt,
+        pages[: len(prompt) // PS],
+        prev_prefix_len=len(prompt),
+        inserted_len=len(prompt),
+        priority=4,
+    )
     print("  insert full ->", r1, " insert prompt ->", r2)
     print(fmt_nodes(c.snapshot()))
 
@@ -225,16 +277,29 @@ def random_ops(rng: random.Random, steps: int, write_policy: str) -> list[tuple[
         return k
 
     weights = {
-        "serve": 30, "match": 6, "lock": 3, "unlock": 9, "evict_for_alloc": 5, "evict": 3,
-        "evict_host": 3, "load_back": 12, "flush": 5, "finish_writes": 7, "finish_loads": 5,
-        "writing_check": 5, "loading_check": 4, "events": 6, "ready_to_load": 5, "settle": 6,
+        "serve": 30,
+        "match": 6,
+        "lock": 3,
+        "unlock": 9,
+        "evict_for_alloc": 5,
+        "evict": 3,
+        "evict_host": 3,
+        "load_back": 12,
+        "flush": 5,
+        "finish_writes": 7,
+        "finish_loads": 5,
+        "writing_check": 5,
+        "loading_check": 4,
+        "events": 6,
+        "ready_to_load": 5,
+        "settle": 6,
     }
-    names, w = zip(*weights.items())
+    names, w = zip(*weights.items(), strict=True)
     for _ in range(steps):
         kind = rng.choices(names, w)[0]
         if kind == "serve":
             ops.append((kind, key(), rng.randrange(3)))
-        elif kind in ("match", ):
+        elif kind in ("match",):
             k = key()
             ops.append((kind, k, rng.choice([None, len(k) - 1])))
         elif kind in ("lock", "load_back"):
@@ -262,8 +327,17 @@ def differential(sequences: int, steps: int, seed: int) -> int:
     diverged = 0
     errors = 0
     sanity: list[tuple[Any, ...]] = []
-    cov = {k: 0 for k in ("load_backs", "host_hits", "serve_no_room", "finish_writes",
-                          "finish_loads", "evicted_tokens")}
+    cov = {
+        k: 0
+        for k in (
+            "load_backs",
+            "host_hits",
+            "serve_no_room",
+            "finish_writes",
+            "finish_loads",
+            "evicted_tokens",
+        )
+    }
     t0 = time.time()
     for i in range(sequences):
         rng = random.Random(seed * 1_000_003 + i)
@@ -273,8 +347,16 @@ def differential(sequences: int, steps: int, seed: int) -> int:
         host = rng.randrange(6, 40)
         ops = random_ops(rng, steps, wp)
         sides = [
-            Driver(RealUnifiedCache(page_size=PS, device_pages=dev, host_pages=host,
-                                    write_policy=wp, eviction_policy=ev, core=core))
+            Driver(
+                RealUnifiedCache(
+                    page_size=PS,
+                    device_pages=dev,
+                    host_pages=host,
+                    write_policy=wp,
+                    eviction_policy=ev,
+                    core=core,
+                )
+            )
             for core in ("python", "rust")
         ]
         for s, op in enumerate(ops):
@@ -282,12 +364,12 @@ def differential(sequences: int, steps: int, seed: int) -> int:
             for d in sides:
                 try:
                     outs.append(("ok", d.step(op), common_view(d.c.snapshot())))
-                except Exception as e:  # noqa: BLE001 - a raise is an outcome to compare
+                except Exception as e:
                     outs.append(("raise", _err(e), None))
             if outs[0] != outs[1]:
                 diverged += 1
                 print(f"  DIVERGED seq {i} ({wp}, {ev}, dev {dev}, host {host}) step {s} op {op}")
-                for core, out in zip(("python", "rust"), outs):
+                for core, out in zip(("python", "rust"), outs, strict=True):
                     print(f"    {core}: {out[0]} {out[1]}")
                     if out[2] is not None:
                         print("     ", out[2])
@@ -324,22 +406,24 @@ def differential(sequences: int, steps: int, seed: int) -> int:
             if finals[0] != finals[1]:
                 diverged += 1
                 print(f"  DIVERGED after settling seq {i}:\n    {finals[0]}\n    {finals[1]}")
-            for core, d in zip(("python", "rust"), sides):
+            for core, d in zip(("python", "rust"), sides, strict=True):
                 try:
                     with contextlib.redirect_stdout(io.StringIO()):
                         d.c.state_ok()
                 except AssertionError as e:
                     sanity.append((i, wp, ev, core, str(e).splitlines()[-1].strip()))
-    print(f"differential: {sequences} sequences x {steps} steps, {diverged} diverged, "
-          f"{errors} ended in a common exception, {time.time() - t0:.1f}s")
+    print(
+        f"differential: {sequences} sequences x {steps} steps, {diverged} diverged, "
+        f"{errors} ended in a common exception, {time.time() - t0:.1f}s"
+    )
     print(f"  exercised (python side): {cov}")
     print(f"  sanity_check failures at the end of a sequence: {len(sanity)}")
     for f in sanity[:10]:
-        print("    seq %d %s %s core=%s: %s" % f)
+        print("    seq {} {} {} core={}: {}".format(*f))
     return diverged
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sequences", type=int, default=200)
     ap.add_argument("--steps", type=int, default=40)

@@ -264,7 +264,9 @@ def run_sequence(
     a, b = Driver(left(combo), combo.page_size), Driver(right(combo), combo.page_size)
     for i, op in enumerate(ops):
         ra, rb = _safe(a, op), _safe(b, op)
-        d = diff(ra, rb, "result") or diff(view(a.side.snapshot()), view(b.side.snapshot()), "state")
+        d = diff(ra, rb, "result") or diff(
+            view(a.side.snapshot()), view(b.side.snapshot()), "state"
+        )
         if d:
             return {
                 "combo": combo.label(),

@@ -134,7 +134,7 @@ def _slots_to_pages(slots: torch.Tensor, page_size: int) -> list[int]:
     for k in range(0, len(flat), page_size):
         page = flat[k] // page_size
         if flat[k : k + page_size] != list(range(page * page_size, (page + 1) * page_size)):
-            raise RuntimeError(f"slots {flat[k:k + page_size]} are not one whole page")
+            raise RuntimeError(f"slots {flat[k : k + page_size]} are not one whole page")
         pages.append(page)
     return pages
 
@@ -446,7 +446,7 @@ class RealUnifiedCache:
 
     # ------------------------------------------------------------------ page paths --
     def _on_transfer(self, t: Transfer) -> None:
-        for h, d in zip(t.host_pages, t.device_pages):
+        for h, d in zip(t.host_pages, t.device_pages, strict=True):
             if t.kind == "write" and d in self._dev_path:
                 self._host_path[h] = self._dev_path[d]
             elif t.kind == "load" and h in self._host_path:
@@ -515,8 +515,14 @@ class RealUnifiedCache:
                 for info in path:
                     infos[int(info.node_id)] = info
         out: dict[int, dict[str, Any]] = {
-            root: {"parent": None, "tokens": [], "device": None, "host": None,
-                   "lock_ref": listed[root][1], "path_end": 0}
+            root: {
+                "parent": None,
+                "tokens": [],
+                "device": None,
+                "host": None,
+                "lock_ref": listed[root][1],
+                "path_end": 0,
+            }
         }
         for nid in ids:
             info = infos[nid]
@@ -570,7 +576,10 @@ class RealUnifiedCache:
         for nid, node in raw.items():
             p = paths[nid]
             start = len(p) - len(node["tokens"])
-            for registry, pages in ((self._dev_path, node["device"]), (self._host_path, node["host"])):
+            for registry, pages in (
+                (self._dev_path, node["device"]),
+                (self._host_path, node["host"]),
+            ):
                 for j, page in enumerate(pages or ()):
                     registry[page] = p[: start + (j + 1) * ps]
         return raw, paths
@@ -598,7 +607,9 @@ class RealUnifiedCache:
         self.allocator.free(_pages_to_slots(list(pages), self.page_size))
 
     # ------------------------------------------------------------------ match / insert --
-    def match(self, tokens: list[int], limit: int | None = None, extra_key: Any = None) -> dict[str, Any]:
+    def match(
+        self, tokens: list[int], limit: int | None = None, extra_key: Any = None
+    ) -> dict[str, Any]:
         """``cache.match_prefix(MatchPrefixParams(key=RadixKey(tokens, extra_key, limit=limit)))``.
 
         ``limit`` is the raw-token cap the scheduler puts on the key (``Req.init_next_round_input``
@@ -668,7 +679,9 @@ class RealUnifiedCache:
         """``cache.evict_for_alloc(EvictParams(num_tokens=num_tokens))`` (what
         ``allocator.evict_to_free_tokens`` calls with the shortfall): walks until
         ``available >= available_before + num_tokens``. Returns ``num_tokens_evicted``."""
-        return int(self.cache.evict_for_alloc(EvictParams(num_tokens=num_tokens)).num_tokens_evicted)
+        return int(
+            self.cache.evict_for_alloc(EvictParams(num_tokens=num_tokens)).num_tokens_evicted
+        )
 
     def evict(self, num_tokens: int) -> int:
         """``cache.evict(EvictParams(num_tokens=num_tokens))``: walks until that many tokens

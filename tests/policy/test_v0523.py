@@ -52,7 +52,8 @@ def test_write_through_backs_up_unbacked_ancestors_parent_first() -> None:
     put(c, [1, 2, 3, 4])
     # a second request sharing [1, 2] splits the node: the prefix gets hit 2 -> backed up;
     # the new leaf [5, 6] reaches 1 only
-    prefix, _ = c.insert(to_page_key([1, 2, 5, 6], 1), [0, 1, *(ctrl.device.alloc_pages(2) or [])])  # type: ignore[operator]
+    fresh = ctrl.device.alloc_pages(2) or []
+    prefix, _ = c.insert(to_page_key([1, 2, 5, 6], 1), [0, 1, *fresh])
     assert prefix == 2
     c.flush_pending_backups()
     assert [op.node_ids for op in ctrl.write_queue] and len(ctrl.write_queue) == 1
@@ -62,8 +63,8 @@ def test_write_through_backs_up_unbacked_ancestors_parent_first() -> None:
     # the chain rule: an unbacked leaf under an unbacked parent is backed up with it
     c2, ctrl2 = make(policy="write_through_selective")
     put(c2, [1, 2, 3, 4])
-    c2.insert(to_page_key([1, 2, 3, 4, 7, 8], 1), [0, 1, 2, 3, *(ctrl2.device.alloc_pages(2) or [])],  # type: ignore[operator]
-              prev_prefix_len=4)  # fmt: skip
+    fresh = ctrl2.device.alloc_pages(2) or []
+    c2.insert(to_page_key([1, 2, 3, 4, 7, 8], 1), [0, 1, 2, 3, *fresh], prev_prefix_len=4)
     # [1..4] reaches 2 hits (backed up); [7, 8] is new (1 hit)
     c2.insert(to_page_key([1, 2, 3, 4, 7, 8], 1), [0, 1, 2, 3, 4, 5], prev_prefix_len=6)
     c2.flush_pending_backups()

@@ -1,0 +1,39 @@
+"""The 0.5.23 conformance harness without SGLang: our core on both sides must agree, and a
+difference planted on one side must be reported (the harness can fail)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from conformance.v0523 import run
+from conformance.v0523.ours_side import OursUnifiedCache
+
+
+def test_self_test_agrees_and_exercises_the_tiers(tmp_path: Any) -> None:
+    assert run.main(["--self-test", "--sequences", "1", "--steps", "60", "--page-sizes", "1,4",
+                     "--evictions", "lru", "--out", str(tmp_path)]) == 0  # fmt: skip
+    report = (tmp_path / "conformance.json").read_text()
+    assert '"mismatches": []' in report
+
+
+class _Skewed(OursUnifiedCache):
+    """Our side with one decision changed: evictions ask for one page more."""
+
+    def evict(self, num_tokens: int) -> int:
+        return super().evict(num_tokens + self.page_size)
+
+
+def test_a_planted_difference_is_reported() -> None:
+    combo = run.Combo("write_through", "lru", 1)
+    found = [
+        run.run_sequence(
+            combo, seed, 80, run.ours,
+            lambda c: _Skewed(page_size=c.page_size, device_pages=c.device_pages,
+                              host_pages=c.host_pages, write_policy=c.write_policy,
+                              eviction_policy=c.eviction_policy),
+        )
+        for seed in range(4)
+    ]  # fmt: skip
+    hits = [f for f in found if f]
+    assert hits, "the skewed side went unnoticed"
+    assert all("diff" in h and "step" in h for h in hits)
