@@ -1,0 +1,39 @@
+"""Cache-only replay cost per SGLang version, measured in one run (issue 24: 0.5.23 within 1.3x).
+
+    python bench/versions_ab.py [TRACE] [--repeat 3]
+
+Medians of ``--repeat`` runs per version, alternating, on one trace at 1 M : 4 M tokens, page 64,
+LRU, for each write policy; prints seconds and the 0.5.23 / 0.5.14 ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from sim.hitrate import HitRateConfig, replay, requests_for
+from traces.io import read_trace
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("trace", nargs="?", default="traces/data/mooncake/synthetic_trace.jsonl")
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    reqs = requests_for(read_trace(args.trace), 64)
+    for wp in ("write_through", "write_through_selective", "write_back"):
+        times: dict[str, list[float]] = {"0.5.14": [], "0.5.23": []}
+        for _ in range(args.repeat):
+            for v in times:
+                cfg = HitRateConfig(device_tokens=999_936, host_tokens=4_000_000, page_size=64,
+                                    write_policy=wp, sglang_version=v)  # fmt: skip
+                t0 = time.perf_counter()
+                replay(reqs, cfg)
+                times[v].append(time.perf_counter() - t0)
+        a, b = statistics.median(times["0.5.14"]), statistics.median(times["0.5.23"])
+        print(f"{wp:>24}  0.5.14 {a:6.2f} s   0.5.23 {b:6.2f} s   ratio {b / a:4.2f}")
+
+
+if __name__ == "__main__":
+    main()
