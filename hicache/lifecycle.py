@@ -197,24 +197,13 @@ class KVLifecycle:
     # --------------------------------------------------------------------------- keys --
     def prompt_key(self, req: PagedRequest) -> PageKey:
         """The paged key of ``req``'s full prompt pages."""
-        n = req.input_length // self.page_size
-        sym = req.symbols
-        return sym if len(sym) == n and isinstance(sym, PageKey) else PageKey(sym[:n])
+        return prompt_page_key(req, self.page_size)
 
     def extend_key(self, prompt: PageKey, out_symbols: list[Hashable], full: int) -> PageKey:
         """The first ``full`` pages of prompt + outputs; ``out_symbols`` (the request's own
         list, kept across retractions) grows with fresh unique symbols as needed."""
-        n = len(prompt)
-        if full <= n:
-            return prompt if full == n else PageKey(prompt[:full])
-        short = full - n - len(out_symbols)
-        if short > 0:
-            # -(u+1), -(u+2), ... in one C-level range: the symbols one append at a time would
-            # give, without a Python loop per output page
-            u = self._uniq
-            out_symbols.extend(range(u - 1, u - 1 - short, -1))
-            self._uniq = u - short
-        return ExtendedPageKey(prompt, out_symbols[: full - n])
+        key, self._uniq = extend_page_key(prompt, out_symbols, full, self._uniq)
+        return key
 
     # ---------------------------------------------------------------------- admission --
     def match(self, key: Sequence[Hashable], fill_len: int) -> MatchResult:
@@ -356,6 +345,30 @@ class KVLifecycle:
         """Retraction or out-of-memory: free the request's own pages beyond its protected
         prefix and release its lock; nothing is inserted."""
         cache_finished_req(self.cache, kv, insert=False)
+
+
+def prompt_page_key(req: PagedRequest, page_size: int) -> PageKey:
+    """The paged key of ``req``'s full prompt pages (every SGLang version's lifecycle)."""
+    n = req.input_length // page_size
+    sym = req.symbols
+    return sym if len(sym) == n and isinstance(sym, PageKey) else PageKey(sym[:n])
+
+
+def extend_page_key(
+    prompt: PageKey, out_symbols: list[Hashable], full: int, uniq: int
+) -> tuple[PageKey, int]:
+    """The first ``full`` pages of prompt + outputs, and the next unique-symbol counter:
+    ``out_symbols`` grows with fresh unique symbols ``uniq - 1, uniq - 2, ...`` as needed."""
+    n = len(prompt)
+    if full <= n:
+        return (prompt if full == n else PageKey(prompt[:full])), uniq
+    short = full - n - len(out_symbols)
+    if short > 0:
+        # -(u+1), -(u+2), ... in one C-level range: the symbols one append at a time would
+        # give, without a Python loop per output page
+        out_symbols.extend(range(uniq - 1, uniq - 1 - short, -1))
+        uniq -= short
+    return ExtendedPageKey(prompt, out_symbols[: full - n]), uniq
 
 
 def cache_unfinished_req(cache: HiRadixCache, req: ReqKV, chunked: bool = False) -> None:

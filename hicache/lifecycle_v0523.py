@@ -22,9 +22,14 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-from hicache.lifecycle import OUTPUT_MODES, PagedRequest
-from hicache.policy.radix import ExtendedPageKey, PageKey
+from hicache.lifecycle import OUTPUT_MODES, PagedRequest, extend_page_key, prompt_page_key
+from hicache.policy.radix import PageKey
 from hicache.policy.v0523 import UnifiedRadixCache, UNode
+
+
+def _as_tuple(key: Sequence[Hashable]) -> tuple[Hashable, ...]:
+    """A paged key as the tree takes it (page keys are tuples already: no copy)."""
+    return key if isinstance(key, tuple) else tuple(key)
 
 
 @dataclass(slots=True)
@@ -60,28 +65,17 @@ class KVLifecycle0523:
 
     # ---------------------------------------------------------------------------- keys --
     def prompt_key(self, req: PagedRequest) -> PageKey:
-        n = req.input_length // self.page_size
-        sym = req.symbols
-        return sym if len(sym) == n and isinstance(sym, PageKey) else PageKey(sym[:n])
+        return prompt_page_key(req, self.page_size)
 
     def extend_key(self, prompt: PageKey, out_symbols: list[Hashable], full: int) -> PageKey:
-        n = len(prompt)
-        if full <= n:
-            return prompt if full == n else PageKey(prompt[:full])
-        short = full - n - len(out_symbols)
-        if short > 0:
-            u = self._uniq
-            out_symbols.extend(range(u - 1, u - 1 - short, -1))
-            self._uniq = u - short
-        return ExtendedPageKey(prompt, out_symbols[: full - n])
+        key, self._uniq = extend_page_key(prompt, out_symbols, full, self._uniq)
+        return key
 
     # ----------------------------------------------------------------------- admission --
     def admit(self, key: Sequence[Hashable], fill_len: int) -> Admitted23:
         """Match the first ``fill_len - 1`` tokens, load back a host hit, lock the last node."""
-        ps = self.page_size
-        limit = max(0, (fill_len - 1) // ps)
         cache = self.cache
-        m = cache.match_prefix(tuple(key[:limit]) if len(key) > limit else tuple(key))
+        m = cache.match_prefix(_as_tuple(key), max(0, (fill_len - 1) // self.page_size))
         prefix = list(m.device_pages)
         last = m.last_device
         if m.best.evicted or m.host_hit_length > 0:
@@ -139,9 +133,9 @@ class KVLifecycle0523:
     def checkpoint(self, kv: ReqKV23, prompt_pages: int) -> None:
         """``checkpoint_into_tree`` of ``kv.key`` (the caller sets it to what is cached)."""
         cache, ps = self.cache, self.page_size
-        key = tuple(kv.key)
+        key = _as_tuple(kv.key)
         n = len(key)
-        prefix_len, last = cache.insert(
+        _, last = cache.insert(
             key,
             kv.kv,
             prev_prefix_len=kv.protected_pages * ps,
@@ -164,7 +158,6 @@ class KVLifecycle0523:
         cache.inc_lock_ref(last)
         kv.last_node = last
         kv.protected_pages = n
-        del prefix_len
 
     def after_prefill(self, kv: ReqKV23, prompt_pages: int) -> None:
         self.checkpoint(kv, prompt_pages)

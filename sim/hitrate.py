@@ -141,6 +141,16 @@ class HitRateConfig:
             raise ValueError(f"prefetch threshold must be >= 1, got {self.prefetch_threshold}")
 
 
+def _pools(cfg: HitRateConfig) -> tuple[PageAllocator, PageAllocator | None, ImmediateController]:
+    """The device and host pools of ``cfg`` and an immediate controller over them."""
+    p = cfg.page_size
+    # one set of page-id objects for both pools (same ids, less memory to touch)
+    ids = page_ids(max(cfg.device_tokens, cfg.host_tokens) // p)
+    device = device_pool(cfg.device_tokens // p, p, ids)
+    host = PageAllocator(cfg.host_tokens // p, p, "host", ids=ids) if cfg.host_tokens else None
+    return device, host, ImmediateController(device, host)
+
+
 class HitRateResult(CacheCounters):
     """The counters of a cache-only replay (:class:`hicache.lifecycle.CacheCounters`)."""
 
@@ -151,14 +161,7 @@ class CacheReplay:
     def __init__(self, cfg: HitRateConfig, eviction_key: Callable[[TreeNode], Any] | None = None):
         cfg.validate()
         self.cfg = cfg
-        p = cfg.page_size
-        # one set of page-id objects for both pools (same ids, less memory to touch)
-        ids = page_ids(max(cfg.device_tokens, cfg.host_tokens) // p)
-        self.device = device_pool(cfg.device_tokens // p, p, ids)
-        self.host = (
-            PageAllocator(cfg.host_tokens // p, p, "host", ids=ids) if cfg.host_tokens else None
-        )
-        self.ctrl = ImmediateController(self.device, self.host)
+        self.device, self.host, self.ctrl = _pools(cfg)
         self.cache = HiRadixCache(
             self.ctrl,
             write_policy=cfg.write_policy,
@@ -170,7 +173,7 @@ class CacheReplay:
         self.storage: StorageController | None = None
         if cfg.storage:
             assert self.host is not None
-            cap = cfg.storage_tokens // p or None
+            cap = cfg.storage_tokens // cfg.page_size or None
             self.storage = StorageController(
                 self.host,
                 PageStore(cap),
@@ -297,13 +300,7 @@ class CacheReplay0523:
 
         cfg.validate()
         self.cfg = cfg
-        p = cfg.page_size
-        ids = page_ids(max(cfg.device_tokens, cfg.host_tokens) // p)
-        self.device = device_pool(cfg.device_tokens // p, p, ids)
-        self.host = (
-            PageAllocator(cfg.host_tokens // p, p, "host", ids=ids) if cfg.host_tokens else None
-        )
-        self.ctrl = ImmediateController(self.device, self.host)
+        self.device, self.host, self.ctrl = _pools(cfg)
         self.cache = UnifiedRadixCache(
             self.ctrl, write_policy=cfg.write_policy, eviction_policy=cfg.eviction
         )

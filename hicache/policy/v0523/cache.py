@@ -117,9 +117,10 @@ class UnifiedRadixCache:
         pending.publish = out
 
     # -- match / insert / locks ------------------------------------------------------------
-    def match_prefix(self, key: tuple[Hashable, ...]) -> Match:
+    def match_prefix(self, key: tuple[Hashable, ...], limit: int | None = None) -> Match:
+        """``match_prefix`` on the first ``limit`` pages of ``key`` (all when None)."""
         self.stats.match_calls += 1
-        return self.tree.match_prefix(key)
+        return self.tree.match_prefix(key, limit)
 
     def insert(
         self,
@@ -161,74 +162,71 @@ class UnifiedRadixCache:
         return self._evict(num_tokens, self.controller.device.available_size() + num_tokens)
 
     def _evict(self, request: int, target: int | None) -> int:
-        tracked = [0]
         self.stats.evict_calls += 1
-        self._evict_walk(request, target, tracked)
+        freed = self._evict_walk(request, target)
         if self.tree.is_write_back:
             self.writing_check(write_back=True)
-        self.stats.device_evicted_tokens += tracked[0]
-        return tracked[0]
+        self.stats.device_evicted_tokens += freed
+        return freed
 
-    def _evict_walk(self, request: int, target: int | None, tracked: list[int]) -> None:
-        """``_evict_components`` for FULL (one heap over device leaves, parents pushed as they
-        become leaves; write_back victims backed up, waited for and demoted one at a time)."""
+    def _evict_walk(self, request: int, target: int | None) -> int:
+        """``_evict_components`` for FULL: one heap over the device leaves, a parent pushed
+        when the last victim made it a leaf, victims until ``request`` tokens are freed or,
+        with a ``target``, until the pool has ``target`` available; returns the tokens freed."""
         tree = self.tree
         device = self.controller.device
-
-        def reached() -> bool:
-            return target is not None and device.available_size() >= target
-
         to_target = request > 0 and target is not None
-        if reached() or (not to_target and tracked[0] >= request):
-            return
-        quota = max(request, tracked[0] + tree.evictable_size) if to_target else request
+        if (target is not None and device.available_size() >= target) or (
+            not to_target and request <= 0
+        ):
+            return 0
+        quota = max(request, tree.evictable_size) if to_target else request
         heap = tree.eviction_heap(tree.device_leaves)
+        freed = 0
         last: UNode | None = None
-        while True:
+        while freed < quota:
             if last is not None and last.parent is not None and last.parent in tree.device_leaves:
                 heapq.heappush(heap, (tree.key_fn(last.parent), last.parent))
             last = None
-            x: UNode | None = None
-            while tracked[0] < quota and heap:
+            while heap:
                 _, cand = heapq.heappop(heap)
                 if cand in tree.device_leaves:
-                    x = cand
+                    last = cand
                     break
-            if x is None:
+            if last is None:
                 break
-            last = x
-            self._evict_leaf(x, tracked)
-            if reached():
+            freed += self._evict_leaf(last)
+            if target is not None and device.available_size() >= target:
                 break
+        return freed
 
-    def _evict_leaf(self, x: UNode, tracked: list[int]) -> None:
-        """``evict_device_leaf`` and, under write_back, the deferred demote."""
+    def _evict_leaf(self, x: UNode) -> int:
+        """``evict_device_leaf`` and, under write_back, the deferred demote or the drop;
+        returns the device tokens freed."""
         tree = self.tree
         assert tree.is_device_leaf(x)
         st = self.stats
         if x.host_value is not None:
             n = tree.demote(x)
             st.device_demoted_tokens += n
-            tracked[0] += n
-            return
+            return n
         if not tree.is_write_back:
             n = tree.delete_unbacked_leaf(x)
             st.device_deleted_tokens += n
-            tracked[0] += n
-            return
+            return n
         written = self.execute_backup([x], write_back=True)
         if written > 0:
             st.write_back_tokens += written
             self.writing_check(write_back=True)
             n = tree.demote(x)
             st.device_demoted_tokens += n
-            tracked[0] += n
-            return
+            return n
         st.backup_failures += 1
         dropped = tree.drop_subtree_no_host(x)
-        if dropped is not None:
-            st.device_deleted_tokens += dropped
-            tracked[0] += dropped
+        if dropped is None:
+            return 0
+        st.device_deleted_tokens += dropped
+        return dropped
 
     def evict_host(self, num_tokens: int) -> int:
         """``evict_host``: free host pages (duplicates first under write_back)."""

@@ -189,7 +189,6 @@ class TreeCore:
         uuid = node.host_uuid
         node.host_lock_ref += 1
         self.update_leaf_sets(node)
-        self.update_leaf_sets(node)
         return uuid
 
     def dec_host_lock_ref(self, node: UNode, uuid: int | None) -> None:
@@ -210,9 +209,11 @@ class TreeCore:
         self.update_leaf_sets(anchor)
 
     # ---------------------------------------------------------------- match --
-    def match_prefix(self, key: tuple[Hashable, ...]) -> Match:
-        """``_match_prefix_helper`` + ``_match_post_processor`` + FULL's host-hit finalizer."""
-        if not key:
+    def match_prefix(self, key: tuple[Hashable, ...], limit: int | None = None) -> Match:
+        """``_match_prefix_helper`` + ``_match_post_processor`` + FULL's host-hit finalizer, on
+        the first ``limit`` pages of ``key`` (all when None; the ``RadixKey`` limit)."""
+        end = len(key) if limit is None else min(limit, len(key))
+        if not end:
             return Match([], 0, self.root, self.root, self.enable_hicache)
         hi = self.enable_hicache
         node = self.root
@@ -221,11 +222,11 @@ class TreeCore:
         best = best_dev = self.root
         best_len = 0
         ck = child_key(key, 0, None)
-        while off < len(key) and ck in node.children:
+        while off < end and ck in node.children:
             child = node.children[ck]
             if child.value is None and child.host_value is None:
                 break  # a dead node
-            plen = match_len(child.key, key, off)
+            plen = match_len(child.key, key, off, end)
             if plen < len(child.key):
                 node = self.split(child, plen)
                 if node.value is not None:
@@ -243,7 +244,7 @@ class TreeCore:
             if node.value is not None:
                 best_dev, best_len = node, len(values)
             off += plen
-            if off < len(key):
+            if off < end:
                 ck = child_key(key, off, None)
         cur_time = self.tick()
         upd: UNode | None = best
@@ -596,7 +597,6 @@ class TreeCore:
             else:
                 self.evictable_size += t
             self.update_leaf_sets(n)
-        self.update_leaf_sets(anchor)
         self.update_leaf_sets(anchor)
 
     def finish_load_back(self, anchor: UNode) -> None:
