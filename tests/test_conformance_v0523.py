@@ -3,7 +3,11 @@ difference planted on one side must be reported (the harness can fail)."""
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from conformance.v0523 import run
 from conformance.v0523.ours_side import OursUnifiedCache
@@ -37,3 +41,25 @@ def test_a_planted_difference_is_reported() -> None:
     hits = [f for f in found if f]
     assert hits, "the skewed side went unnoticed"
     assert all("diff" in h and "step" in h for h in hits)
+
+
+REAL_VENV = Path(__file__).resolve().parents[1] / ".venv-conformance-0.5.23"
+
+
+@pytest.mark.skipif(
+    not (REAL_VENV / ".ready-0.5.23").exists(),
+    reason="needs .venv-conformance-0.5.23 (make conformance SGLANG_VERSION=0.5.23)",
+)
+def test_hitrate_equals_the_real_class_on_a_trace_slice() -> None:
+    # the real UnifiedRadixCache serves the first 300 requests of a bundled trace with the
+    # replay's steps; device and host hit rates must equal ours within 0.002 (trace_check
+    # exits 1 otherwise) for every write policy
+    root = REAL_VENV.parent
+    out = subprocess.run(
+        [str(REAL_VENV / "bin/python"), "-m", "conformance.v0523.trace_check",
+         "traces/data/mooncake/synthetic_trace.jsonl", "--limit", "300",
+         "--device-tokens", "2e5", "--host-tokens", "8e5", "--core", "rust"],
+        capture_output=True, text=True, cwd=root, timeout=900,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.count(" ok (") == 3
