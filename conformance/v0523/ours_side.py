@@ -42,6 +42,7 @@ class OursUnifiedCache:
         eviction_policy: str,
         core: str = "ours",
         eviction_policy_config: dict[str, Any] | None = None,
+        fast_victims: bool = True,
     ) -> None:
         self.page_size = page_size
         self.device = PageAllocator(device_pages, page_size, name="device")
@@ -52,6 +53,7 @@ class OursUnifiedCache:
             write_policy=write_policy,
             eviction_policy=eviction_policy,
             eviction_policy_config=eviction_policy_config,
+            fast_victims=fast_victims,
         )
         self._locks: dict[int, UNode] = {}
         self._next_lock = 0

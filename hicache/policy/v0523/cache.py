@@ -15,7 +15,6 @@ locks the whole chain and evicts before loading.
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Hashable
 from typing import Any
 
@@ -63,7 +62,10 @@ class UnifiedRadixCache:
         eviction_policy: str = "lru",
         eviction_policy_config: dict[str, Any] | None = None,
         load_back_threshold: int = LOAD_BACK_THRESHOLD,
+        fast_victims: bool = True,
     ) -> None:
+        """``fast_victims`` False: SGLang's per-call eviction heap instead of the proven-equal
+        persistent one (:mod:`~hicache.policy.v0523.victims`)."""
         if write_policy not in WRITE_POLICIES:
             raise ValueError(
                 f"unknown write policy {write_policy!r}; choose one of {', '.join(WRITE_POLICIES)}"
@@ -74,7 +76,9 @@ class UnifiedRadixCache:
         self.write_policy = write_policy
         self.has_host = controller.host is not None
         self.load_back_threshold = load_back_threshold
-        self.tree = TreeCore(self, self.page_size, eviction_policy, eviction_policy_config)
+        self.tree = TreeCore(
+            self, self.page_size, eviction_policy, eviction_policy_config, fast_victims
+        )
         if self.has_host:
             self.tree.enable_hicache = True
             self.tree.is_write_back = write_policy == "write_back"
@@ -181,23 +185,22 @@ class UnifiedRadixCache:
         ):
             return 0
         quota = max(request, tree.evictable_size) if to_target else request
-        heap = tree.eviction_heap(tree.device_leaves)
+        victims = tree.victims
+        victims.begin()
         freed = 0
         last: UNode | None = None
-        while freed < quota:
-            if last is not None and last.parent is not None and last.parent in tree.device_leaves:
-                heapq.heappush(heap, (tree.key_fn(last.parent), last.parent))
-            last = None
-            while heap:
-                _, cand = heapq.heappop(heap)
-                if cand in tree.device_leaves:
-                    last = cand
+        try:
+            while freed < quota:
+                if last is not None and last.parent in tree.device_leaves:
+                    victims.push_parent(last.parent)
+                last = victims.pop()
+                if last is None:
                     break
-            if last is None:
-                break
-            freed += self._evict_leaf(last)
-            if target is not None and device.available_size() >= target:
-                break
+                freed += self._evict_leaf(last)
+                if target is not None and device.available_size() >= target:
+                    break
+        finally:
+            victims.end()
         return freed
 
     def _evict_leaf(self, x: UNode) -> int:

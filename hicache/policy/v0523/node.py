@@ -27,6 +27,7 @@ class UNode:
         "id",
         "key",
         "last_access_time",
+        "leaf_since",
         "load_back_pending_id",
         "lock_ref",
         "parent",
@@ -57,6 +58,8 @@ class UNode:
         self.tlru_cached_prefix_len = 0
         self.tlru_history_len = 0
         self.hash_value: list[int] | None = None
+        self.leaf_since = 0
+        """The eviction call during which the node last became a device leaf (victims.py)."""
 
     @property
     def evicted(self) -> bool:

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 from hicache.policy.radix import child_key, match_len
 from hicache.policy.v0523.node import StrategyFn, UNode, make_strategy
+from hicache.policy.v0523.victims import MONOTONE, PersistentVictims, PlainVictims
 
 #: The per-level recency step of a match stamp (``cur_time -= 0.00001``, unified_tree_core.py:1031).
 _MATCH_STAMP_STEP = 0.00001
@@ -67,11 +68,15 @@ class TreeCore:
         page_size: int,
         eviction_policy: str = "lru",
         eviction_policy_config: dict[str, Any] | None = None,
+        fast_victims: bool = True,
     ) -> None:
+        """``fast_victims``: keep the device-eviction heap across calls where that gives
+        SGLang's order (:mod:`~hicache.policy.v0523.victims`); False: SGLang's per-call heap."""
         self.sink = sink
         self.page_size = page_size
         self.key_fn: StrategyFn = make_strategy(eviction_policy, eviction_policy_config, page_size)
         self.tlru = eviction_policy.lower() == "tlru"
+        self._persistent = fast_victims and eviction_policy.lower() in MONOTONE
         self.enable_hicache = False
         self.is_write_back = False
         self.write_through_threshold = 256  # the TreeCore default; the cache sets 1 or 2
@@ -91,6 +96,8 @@ class TreeCore:
         self.protected_size = 0
         self.device_leaves: set[UNode] = set()
         self.host_leaves: set[UNode] = set()
+        kind = PersistentVictims if self._persistent else PlainVictims
+        self.victims: PlainVictims | PersistentVictims = kind(self.key_fn, self.device_leaves)
         self.host_duplicates: dict[int, UNode] = {}
 
     def tick(self) -> float:
@@ -121,7 +128,9 @@ class TreeCore:
 
     def update_leaf_sets(self, n: UNode) -> None:
         if self.is_device_leaf(n):
-            self.device_leaves.add(n)
+            if n not in self.device_leaves:
+                self.device_leaves.add(n)
+                self.victims.on_add(n)
         else:
             self.device_leaves.discard(n)
         if self.is_host_leaf(n):
