@@ -21,6 +21,7 @@ class UNode:
         "creation_time",
         "hash_value",
         "hit_count",
+        "host_leaf_since",
         "host_lock_ref",
         "host_uuid",
         "host_value",
@@ -60,6 +61,7 @@ class UNode:
         self.hash_value: list[int] | None = None
         self.leaf_since = 0
         """The eviction call during which the node last became a device leaf (victims.py)."""
+        self.host_leaf_since = 0
 
     @property
     def evicted(self) -> bool:

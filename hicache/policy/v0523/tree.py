@@ -15,7 +15,6 @@ Lengths are in tokens; keys are paged tuples (:mod:`hicache.policy.radix`); valu
 
 from __future__ import annotations
 
-import heapq
 import sys
 from collections.abc import Hashable
 from typing import Any, Protocol
@@ -98,6 +97,9 @@ class TreeCore:
         self.host_leaves: set[UNode] = set()
         kind = PersistentVictims if self._persistent else PlainVictims
         self.victims: PlainVictims | PersistentVictims = kind(self.key_fn, self.device_leaves)
+        self.host_victims: PlainVictims | PersistentVictims = kind(
+            self.key_fn, self.host_leaves, host=True
+        )
         self.host_duplicates: dict[int, UNode] = {}
 
     def tick(self) -> float:
@@ -134,7 +136,9 @@ class TreeCore:
         else:
             self.device_leaves.discard(n)
         if self.is_host_leaf(n):
-            self.host_leaves.add(n)
+            if n not in self.host_leaves:
+                self.host_leaves.add(n)
+                self.host_victims.on_add(n)
         else:
             self.host_leaves.discard(n)
 
@@ -423,11 +427,6 @@ class TreeCore:
         return new
 
     # ------------------------------------------------------------- eviction --
-    def eviction_heap(self, leaves: set[UNode]) -> list[tuple[Any, UNode]]:
-        heap = [(self.key_fn(n), n) for n in leaves]
-        heapq.heapify(heap)
-        return heap
-
     def demote(self, node: UNode) -> int:
         """``_demote``: free the device copy of a backed-up node; returns tokens freed."""
         assert node.value is not None and node.host_value is not None
@@ -534,15 +533,19 @@ class TreeCore:
         freed = 0
         if self.is_write_back:
             freed = self._reclaim_duplicates(num_tokens)
-        heap = self.eviction_heap(self.host_leaves)
-        while freed < num_tokens and heap:
-            _, x = heapq.heappop(heap)
-            if x not in self.host_leaves:
-                continue
-            freed += self.evict_host_leaf(x)
-            p = x.parent
-            if p is not None and p in self.host_leaves:
-                heapq.heappush(heap, (self.key_fn(p), p))
+        victims = self.host_victims
+        victims.begin()
+        try:
+            while freed < num_tokens:
+                x = victims.pop()
+                if x is None:
+                    break
+                freed += self.evict_host_leaf(x)
+                p = x.parent
+                if p is not None and p in self.host_leaves:
+                    victims.push_parent(p)
+        finally:
+            victims.end()
         return freed
 
     def _reclaim_duplicates(self, num_tokens: int) -> int:

@@ -1,4 +1,8 @@
-"""The order in which device eviction visits leaves: SGLang's per-call heap, and a fast path.
+"""The order in which eviction visits leaves: SGLang's per-call heap, and a fast path.
+
+Device eviction is described below; host eviction (``drive_host_eviction``: a heap over the host
+leaves, the evicted leaf's parent pushed when it became one) has the same shape and uses the
+same two classes over the host leaf set.
 
 SGLang 0.5.23 (``components/full.py``: ``_evict_device_start`` / ``_evict_device_next_node``)
 builds, at the start of every eviction walk, a heap of ``(strategy key, node)`` over all
@@ -40,7 +44,7 @@ MONOTONE = ("lru", "lfu", "fifo", "filo", "priority", "slru", "tlru")
 class PlainVictims:
     """SGLang's per-call heap."""
 
-    def __init__(self, key_fn: StrategyFn, leaves: set[UNode]) -> None:
+    def __init__(self, key_fn: StrategyFn, leaves: set[UNode], host: bool = False) -> None:
         self.key_fn = key_fn
         self.leaves = leaves
         self._heap: list[tuple[Any, UNode]] = []
@@ -70,9 +74,11 @@ class PlainVictims:
 class PersistentVictims:
     """One heap kept across calls (see the module docstring)."""
 
-    def __init__(self, key_fn: StrategyFn, leaves: set[UNode]) -> None:
+    def __init__(self, key_fn: StrategyFn, leaves: set[UNode], host: bool = False) -> None:
+        """``host``: the host leaves (``drive_host_eviction``'s heap; the same argument)."""
         self.key_fn = key_fn
         self.leaves = leaves
+        self._since = "host_leaf_since" if host else "leaf_since"
         self._heap: list[tuple[Any, int, UNode]] = []
         self._seq = 0
         self._call = 0
@@ -85,7 +91,7 @@ class PersistentVictims:
         heapq.heappush(self._heap, (self.key_fn(node), self._seq, node))
 
     def on_add(self, node: UNode) -> None:
-        node.leaf_since = self._call
+        setattr(node, self._since, self._call)
         self._push(node)
 
     def begin(self) -> None:
@@ -106,7 +112,7 @@ class PersistentVictims:
             key, _, x = heapq.heappop(heap)
             if x not in leaves or x in seen:
                 continue
-            if x.leaf_since >= call and x not in self._parents:
+            if getattr(x, self._since) >= call and x not in self._parents:
                 self._waiting.append(x)  # became a leaf during this call: the next one
                 continue
             now = self.key_fn(x)
