@@ -54,9 +54,10 @@ from hicache.policy import (
 )
 from hicache.policy.allocator import device_pool, page_ids
 from hicache.policy.storage import PREFETCH_POLICIES, PageStore, StorageController
-from hicache.versions import DEFAULT_SGLANG_VERSION, SGLANG_VERSIONS
+from hicache.versions import DEFAULT_SGLANG_VERSION, check_version
 
-EVICTIONS = (*STRATEGIES, "oracle")
+EVICTIONS = (*STRATEGIES, "tlru", "oracle")
+"""``tlru`` exists from SGLang 0.5.21 (0.5.23 here); ``oracle`` is an offline bound (0.5.14)."""
 
 
 @dataclass(frozen=True)
@@ -84,11 +85,9 @@ class HitRateConfig:
 
     def validate(self) -> None:
         p = self.page_size
-        if self.sglang_version not in SGLANG_VERSIONS:
-            raise ValueError(
-                f"unknown SGLang version {self.sglang_version!r}; choose one of "
-                f"{', '.join(SGLANG_VERSIONS)}"
-            )
+        check_version(self.sglang_version)
+        if self.sglang_version == "0.5.14" and self.eviction == "tlru":
+            raise ValueError("eviction=tlru is SGLang's since 0.5.21: use sglang_version 0.5.23")
         if self.sglang_version != "0.5.14":
             if self.storage:
                 raise ValueError(

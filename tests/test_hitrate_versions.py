@@ -67,3 +67,17 @@ def test_cli_hitrate_takes_versions_as_an_axis() -> None:
         capture_output=True, text=True, cwd=ROOT, timeout=60,
     )  # fmt: skip
     assert bad.returncode == 2 and "--sglang-version: unknown SGLang version '0.6'" in bad.stderr
+
+
+def test_tlru_is_a_0523_strategy(synthetic: list) -> None:
+    with pytest.raises(ValueError, match="tlru"):
+        HitRateConfig(device_tokens=64, eviction="tlru").validate()
+    cfg = HitRateConfig(device_tokens=199_936, host_tokens=800_000, page_size=64,
+                        eviction="tlru", sglang_version="0.5.23")  # fmt: skip
+    r = replay(synthetic[:500], cfg)
+    lru = replay(synthetic[:500], HitRateConfig(**{**cfg.__dict__, "eviction": "lru"}))
+    # with SGLang's defaults (threshold 0, no next-prompt estimate) the budget is the branch's
+    # whole depth, which the tokens above a node never reach: no node is TEL-safe, and tlru
+    # orders exactly as lru
+    assert r.hit_rate > 0
+    assert (r.device_hit_tokens, r.host_hit_tokens) == (lru.device_hit_tokens, lru.host_hit_tokens)

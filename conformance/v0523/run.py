@@ -30,7 +30,7 @@ from typing import Any
 from conformance.v0523.ours_side import OursUnifiedCache
 
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
-EVICTION = ("lru", "lfu", "fifo", "mru", "filo", "priority", "slru")
+EVICTION = ("lru", "lfu", "fifo", "mru", "filo", "priority", "slru", "tlru")
 
 
 @dataclass
@@ -40,6 +40,14 @@ class Combo:
     page_size: int
     host_pages: int = 96
     device_pages: int = 48
+
+    @property
+    def eviction_config(self) -> dict[str, Any] | None:
+        """``--radix-eviction-policy-config``: for tlru a budget that leaves some nodes
+        TEL-safe (with SGLang's defaults, threshold 0 and no estimate, tlru is lru)."""
+        if self.eviction_policy != "tlru":
+            return None
+        return {"threshold": 8 * self.page_size, "next_prompt_estimate": 2 * self.page_size}
 
     def label(self) -> str:
         return f"{self.write_policy}/{self.eviction_policy}/p{self.page_size}/h{self.host_pages}"
@@ -309,6 +317,7 @@ def ours(combo: Combo) -> OursUnifiedCache:
         host_pages=combo.host_pages,
         write_policy=combo.write_policy,
         eviction_policy=combo.eviction_policy,
+        eviction_policy_config=combo.eviction_config,
     )
 
 
@@ -341,6 +350,7 @@ def main(argv: list[str] | None = None) -> int:
                 host_pages=c.host_pages,
                 write_policy=c.write_policy,
                 eviction_policy=c.eviction_policy,
+                eviction_policy_config=c.eviction_config,
                 core=core,
             )
 

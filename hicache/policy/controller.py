@@ -86,6 +86,11 @@ class WriteOp:
     one node's own op (``node_id``)."""
 
 
+def _acked(op: WriteOp) -> list[int]:
+    """The node ids a write op's ack names (one, or a merged op's)."""
+    return [op.node_id] if op.node_ids is None else op.node_ids
+
+
 @dataclass(slots=True)
 class LoadOp:
     """One ``load`` call, queued until ``start_loading`` merges the batch."""
@@ -201,21 +206,14 @@ class BaseController:
         q = self.write_queue
         out: list[int] = []
         while q and q[0].done:
-            op = q.popleft()
-            if op.node_ids is None:
-                out.append(op.node_id)
-            else:
-                out += op.node_ids
+            out += _acked(q.popleft())
         return out
 
     def wait_writes(self) -> list[int]:
         self._wait_all_writes()
         out: list[int] = []
         for op in self.write_queue:
-            if op.node_ids is None:
-                out.append(op.node_id)
-            else:
-                out += op.node_ids
+            out += _acked(op)
         if not all(op.done for op in self.write_queue):
             raise AssertionError("wait_writes returned with unfinished writes")
         self.write_queue.clear()

@@ -13,11 +13,12 @@ from hicache.policy.v0523.victims import MONOTONE
 def _side(fast: bool) -> run.Factory:
     return lambda c: OursUnifiedCache(
         page_size=c.page_size, device_pages=c.device_pages, host_pages=c.host_pages,
-        write_policy=c.write_policy, eviction_policy=c.eviction_policy, fast_victims=fast,
+        write_policy=c.write_policy, eviction_policy=c.eviction_policy,
+        eviction_policy_config=c.eviction_config, fast_victims=fast,
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("eviction", [*MONOTONE, "mru"])
+@pytest.mark.parametrize("eviction", [*MONOTONE, "mru", "tlru"])
 @pytest.mark.parametrize("policy", run.WRITE_POLICIES)
 def test_persistent_heap_evicts_as_the_per_call_heap(eviction: str, policy: str) -> None:
     for page in (1, 4):
@@ -28,9 +29,11 @@ def test_persistent_heap_evicts_as_the_per_call_heap(eviction: str, policy: str)
                 assert res is None, res
 
 
-def test_mru_keeps_the_per_call_heap() -> None:
-    # its key (-last access) falls as nodes are touched: the persistent heap would be wrong
-    side = _side(True)(run.Combo("write_through", "mru", 1))
+@pytest.mark.parametrize("eviction", ["mru", "tlru"])
+def test_strategies_whose_keys_fall_keep_the_per_call_heap(eviction: str) -> None:
+    # mru's key (-last access) falls at every touch, tlru's when a split makes a node TEL-safe:
+    # the persistent heap would pop them out of order (the tlru case failed the test above)
+    side = _side(True)(run.Combo("write_through", eviction, 1))
     assert type(side.cache.tree.victims).__name__ == "PlainVictims"
     side = _side(True)(run.Combo("write_through", "lru", 1))
     assert type(side.cache.tree.victims).__name__ == "PersistentVictims"

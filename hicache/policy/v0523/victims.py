@@ -11,9 +11,10 @@ parent when it just became a leaf. :class:`PlainVictims` is exactly that. It cos
 every leaf per call, a quarter of a cache-only replay's time.
 
 :class:`PersistentVictims` keeps one heap across calls and pops the same nodes in the same
-order, for strategies whose key never decreases while a node lives (every one but ``mru``:
-recency stamps only grow, hit counts and priorities only rise, creation times never change,
-tlru's flag only turns from safe to unsafe). Why the order is the same:
+order, for strategies whose key never decreases while a node lives: recency stamps only grow,
+hit counts and priorities only rise, creation times never change. Not ``mru`` (its key is minus
+the recency) nor ``tlru`` (a split shortens the suffix node, so the tokens above it grow and it
+can turn TEL-safe: its key falls); those keep the per-call heap. Why the order is the same:
 
 * every device leaf has an entry whose stored key is at most its current key: one is pushed
   when the node enters the leaf set (``on_add``), a popped entry whose key went stale is pushed
@@ -38,7 +39,7 @@ from typing import Any
 from hicache.policy.v0523.node import StrategyFn, UNode
 
 #: strategies whose key never decreases while a node lives (see the module docstring)
-MONOTONE = ("lru", "lfu", "fifo", "filo", "priority", "slru", "tlru")
+MONOTONE = ("lru", "lfu", "fifo", "filo", "priority", "slru")
 
 
 class PlainVictims:
