@@ -76,7 +76,8 @@ class KVLifecycle0523:
         """Match the first ``fill_len - 1`` tokens, load back a host hit, lock the last node."""
         cache = self.cache
         m = cache.match_prefix(_as_tuple(key), max(0, (fill_len - 1) // self.page_size))
-        prefix = list(m.device_pages)
+        prefix = m.device_pages  # built by this match: the request's own list
+        dev_pages = len(prefix)
         last = m.last_device
         if m.best.evicted or m.host_hit_length > 0:
             # 0.5.22+: admission pins best_match_node on both tiers while it checks the
@@ -88,7 +89,7 @@ class KVLifecycle0523:
                 last = node
         cache.inc_lock_ref(last)
         kv = ReqKV23(key=key, kv=prefix, last_node=last, protected_pages=len(prefix))
-        return Admitted23(kv, len(m.device_pages), len(prefix) - len(m.device_pages))
+        return Admitted23(kv, dev_pages, len(prefix) - dev_pages)
 
     # -------------------------------------------------------------------------- memory --
     def _evict_to_free(self, num_tokens: int) -> None:
