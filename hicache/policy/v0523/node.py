@@ -72,10 +72,6 @@ class UNode:
     def backuped(self) -> bool:
         return self.host_value is not None
 
-    def __lt__(self, other: UNode) -> bool:
-        # heap ties compare nodes by recency, as SGLang's UnifiedTreeNode.__lt__
-        return self.last_access_time < other.last_access_time
-
     def __repr__(self) -> str:
         state = ("D" if self.value is not None else "") + ("H" if self.host_value else "")
         return f"UNode(id={self.id}, pages={len(self.key)}, {state or '-'}, lock={self.lock_ref})"

@@ -43,27 +43,34 @@ MONOTONE = ("lru", "lfu", "fifo", "filo", "priority", "slru")
 
 
 class PlainVictims:
-    """SGLang's per-call heap."""
+    """SGLang's per-call heap. Its entries are ``(key, node)``, and on equal keys SGLang
+    compares the nodes, i.e. their ``last_access_time`` (``UnifiedTreeNode.__lt__``); here the
+    recency stands in the entry, then a counter, so no two entries ever compare nodes."""
 
     def __init__(self, key_fn: StrategyFn, leaves: set[UNode], host: bool = False) -> None:
         self.key_fn = key_fn
         self.leaves = leaves
-        self._heap: list[tuple[Any, UNode]] = []
+        self._heap: list[tuple[Any, float, int, UNode]] = []
+        self._seq = 0
 
     def on_add(self, node: UNode) -> None:
         """``node`` just entered the leaf set (nothing to do: the heap is built per call)."""
 
+    def _entry(self, n: UNode) -> tuple[Any, float, int, UNode]:
+        self._seq += 1
+        return (self.key_fn(n), n.last_access_time, self._seq, n)
+
     def begin(self) -> None:
-        self._heap = [(self.key_fn(n), n) for n in self.leaves]
+        self._heap = [self._entry(n) for n in self.leaves]
         heapq.heapify(self._heap)
 
     def push_parent(self, node: UNode) -> None:
-        heapq.heappush(self._heap, (self.key_fn(node), node))
+        heapq.heappush(self._heap, self._entry(node))
 
     def pop(self) -> UNode | None:
         heap, leaves = self._heap, self.leaves
         while heap:
-            _, x = heapq.heappop(heap)
+            x = heapq.heappop(heap)[3]
             if x in leaves:
                 return x
         return None
