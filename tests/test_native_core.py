@@ -163,7 +163,8 @@ from hicache.config import load_config
 from hicache.policy import NATIVE
 from hicache.policy.native import MODULES, compiled_modules
 from sim.engine import run_simulation
-from sim.hitrate import CacheReplay, HitRateConfig, requests_for
+from sim.hitrate import CacheReplay, CacheReplay0523, HitRateConfig, requests_for
+import hicache.lifecycle_v0523, hicache.policy.v0523.cache  # the 0.5.23 core: loaded on use
 from traces.io import read_trace
 
 want = sys.argv[1] == "native"
@@ -191,6 +192,21 @@ for page in (64, 16, 1):
             "device_free": rp.device.free_pages_snapshot(),
             "host_free": rp.host.free_pages_snapshot(),
             "clock": rp.cache._clock,
+        }
+    for policy, evict in (
+        ("write_through", "lru"), ("write_through_selective", "slru"), ("write_back", "fifo"),
+    ):
+        dev = 40_000 // page * page
+        cfg = HitRateConfig(device_tokens=dev, host_tokens=3 * dev, page_size=page,
+                            eviction=evict, write_policy=policy, sglang_version="0.5.23")
+        rp = CacheReplay0523(cfg)
+        hits = [rp.step(r) for r in reqs]
+        res = rp.finish()
+        out[f"replay 0.5.23 {page} {policy} {evict}"] = {
+            "hits": hits, "result": {k: v for k, v in vars(res).items()},
+            "device_free": rp.device.free_pages_snapshot(),
+            "host_free": rp.host.free_pages_snapshot(),
+            "clock": rp.cache.tree._time,
         }
 for overrides in (
     [],
@@ -235,6 +251,6 @@ def test_the_compiled_core_decides_exactly_as_the_interpreted_one(tmp_path: Path
         return json.loads(res.stdout.strip().splitlines()[-1])
 
     native, interpreted = run("native"), run("interpreted")
-    assert isinstance(native, dict) and len(native) == 18
+    assert isinstance(native, dict) and len(native) == 27
     for name, got in native.items():
         assert got == interpreted[name], name

@@ -24,7 +24,8 @@ from pathlib import Path
 #: time goes. Each package's ``__init__`` calls :func:`activate` with its name.
 GROUPS: dict[str, tuple[str, ...]] = {
     "hicache.policy": ("radix", "allocator", "eviction", "hiradix", "shortcuts"),
-    "hicache": ("lifecycle",),
+    "hicache.policy.v0523": ("node", "victims", "removal", "tree", "cache"),
+    "hicache": ("lifecycle", "lifecycle_v0523"),
     "sim": ("scheduler", "admission", "prefetching", "link"),
 }
 #: Every compiled module's dotted name (one mypyc build, one shared library: all or none).

@@ -5,6 +5,11 @@
 (:mod:`hicache.policy.hiradix`). Standard library only, like the rest of the policy core.
 """
 
+from hicache.policy._loader import activate as _activate
+
+NATIVE = _activate(__path__, __name__)
+
+# isort: split
 from hicache.policy.v0523.cache import LOAD_BACK_THRESHOLD, WRITE_POLICIES, UnifiedRadixCache
 from hicache.policy.v0523.node import STRATEGIES, UNode
 from hicache.policy.v0523.tree import Match, TreeCore
