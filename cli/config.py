@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from cli.errors import UserError
+from hicache.versions import SGLANG_VERSIONS
 
 __all__ = ["Resolved", "add_config_options", "register", "resolve_config"]
 
@@ -41,6 +42,11 @@ def add_config_options(p: argparse.ArgumentParser, *, profile_flag: bool = False
         "--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
         help="override one config key (repeatable), e.g. --set cache.write_policy=write_back; "
         "keys: hicache-sim config keys",
+    )  # fmt: skip
+    p.add_argument(
+        "--sglang-version", metavar="V",
+        help="the SGLang release whose cache decides (sglang.version; choices: "
+        f"{', '.join(SGLANG_VERSIONS)}; what differs: hicache-sim config keys)",
     )  # fmt: skip
     if profile_flag:
         p.add_argument(
@@ -79,6 +85,8 @@ def resolve_config(args: argparse.Namespace, extra: Sequence[tuple[str, str]] = 
         except ValueError as e:
             raise UserError(f"--sglang-args: {e}") from None
     given = dict(extra)
+    if getattr(args, "sglang_version", None):
+        given[f"sglang.version={args.sglang_version}"] = f"--sglang-version {args.sglang_version}"
     if getattr(args, "allow_profile_mismatch", False):
         given["run.allow_profile_mismatch=true"] = "--allow-profile-mismatch"
     shown = {

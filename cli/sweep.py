@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from cli.args import check_output_dir, jobs_arg
 from cli.errors import UserError, value_and_os_errors
 from studies.sweep import EXECUTORS, run_sweep
+from studies.sweep.grid import load_grid
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -49,6 +50,11 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         help="local process pool (default) or Ray (needs the 'cluster' extra)",
     )
     p.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
+    p.add_argument(
+        "--sglang-version", metavar="V[,V]",
+        help="the SGLang release(s) whose cache decides (sglang.version): one sets it for every "
+        "job; several add an axis, e.g. 0.5.14,0.5.23 to see what upgrading changes",
+    )  # fmt: skip
     p.set_defaults(func=_cmd_sweep, user_errors=value_and_os_errors)
     return p
 
@@ -70,10 +76,11 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     _check_grid(args.grid)
     check_output_dir(args.out, force=True, what="sweep directory")
     created = not args.out.exists()
+    grid: Any = args.grid
+    if args.sglang_version:
+        grid = _with_versions(load_grid(args.grid), args.sglang_version)
     try:
-        df = run_sweep(
-            args.grid, args.out, jobs=args.jobs, executor=args.executor, address=args.address
-        )
+        df = run_sweep(grid, args.out, jobs=args.jobs, executor=args.executor, address=args.address)
     except Exception:
         # a grid error found before any job ran leaves no empty sweep directory behind
         if created and args.out.is_dir() and not any(args.out.iterdir()):
@@ -81,6 +88,22 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         raise
     print(format_results(df, time.perf_counter() - t0, args.out))
     return 1 if (df["status"] != "ok").any() else 0
+
+
+def _with_versions(grid: Any, text: str) -> Any:
+    """``grid`` with ``--sglang-version``: one version set for every job, several an axis."""
+    from hicache.versions import SGLANG_VERSIONS
+
+    versions = [v.strip() for v in text.split(",") if v.strip()]
+    for v in versions:
+        if v not in SGLANG_VERSIONS:
+            raise UserError(
+                f"--sglang-version: unknown SGLang version {v!r}; choose from "
+                f"{', '.join(SGLANG_VERSIONS)}"
+            )
+    if len(versions) == 1:
+        return grid.with_set([f"sglang.version={versions[0]}"])
+    return grid.with_axis("sglang.version", versions)
 
 
 def format_results(df: pd.DataFrame, seconds: float, out: Path) -> str:

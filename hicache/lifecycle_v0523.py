@@ -13,8 +13,10 @@ prefill, allocate decode pages, finish, abort), with what 0.5.23 changed around 
   without a re-match (``path_device_indices``);
 * **load back**: ``init_load_back`` whenever the best match is evicted or a host hit exists.
 
-A lone request at a time, as ``sim.hitrate`` drives it. The timed scheduler still drives
-0.5.14 only.
+``sim.hitrate`` drives one request at a time through :meth:`KVLifecycle0523.admit`; the timed
+scheduler (``sim.scheduler_v0523``) drives the same steps one by one (:meth:`match`,
+:meth:`load_back`, :meth:`lock`, :meth:`alloc`, :meth:`after_prefill`, :meth:`finish`), with
+the method names of :class:`hicache.lifecycle.KVLifecycle`.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 from hicache.lifecycle import OUTPUT_MODES, PagedRequest, extend_page_key, prompt_page_key
 from hicache.policy.radix import PageKey
 from hicache.policy.v0523 import UnifiedRadixCache, UNode
+from hicache.policy.v0523.tree import Match
 
 
 def _as_tuple(key: Sequence[Hashable]) -> tuple[Hashable, ...]:
@@ -43,6 +46,9 @@ class ReqKV23:
     last_node: UNode
     protected_pages: int = 0
     inserted_len: int = 0
+    prompt_pages: int = 0
+    """Full pages of the request's prompt (``origin_input_ids``, page-aligned): where the
+    checkpoint splits a key that runs past it."""
 
 
 @dataclass(slots=True)
@@ -73,26 +79,61 @@ class KVLifecycle0523:
 
     # ----------------------------------------------------------------------- admission --
     def admit(self, key: Sequence[Hashable], fill_len: int) -> Admitted23:
-        """Match the first ``fill_len - 1`` tokens, load back a host hit, lock the last node."""
-        cache = self.cache
-        m = cache.match_prefix(_as_tuple(key), max(0, (fill_len - 1) // self.page_size))
-        prefix = m.device_pages  # built by this match: the request's own list
-        dev_pages = len(prefix)
-        last = m.last_device
-        if m.best.evicted or m.host_hit_length > 0:
-            # 0.5.22+: admission pins best_match_node on both tiers while it checks the
-            # load-back budget (schedule_policy.py:1470-1522); with no budget here the pin
-            # only guards the load against its own eviction, which the load's lock does too
-            loaded, node = cache.init_load_back(m.best, m.host_hit_length, m.last_device)
-            if loaded:
-                prefix += cache.tree.path_device_pages(node, m.last_device)
-                last = node
-        cache.inc_lock_ref(last)
-        kv = ReqKV23(key=key, kv=prefix, last_node=last, protected_pages=len(prefix))
+        """Match the first ``fill_len - 1`` tokens, load back a host hit, lock the last node.
+
+        0.5.22+ admission also pins ``best_match_node`` on both tiers while it checks the
+        load-back budget (schedule_policy.py:1470-1522); a lone request has no budget to
+        check, and the load's own lock guards it against its own eviction."""
+        m = self.match(key, fill_len)
+        dev_pages = len(m.device_pages)
+        prefix, last = self.load_back(m)
+        kv = self.lock(key, prefix, last)
         return Admitted23(kv, dev_pages, len(prefix) - dev_pages)
 
+    # ------------------------------------------------- admission, step by step (timed) --
+    def match(self, key: Sequence[Hashable], fill_len: int) -> Match:
+        """``match_prefix`` on the first ``fill_len - 1`` tokens, page-aligned."""
+        return self.cache.match_prefix(_as_tuple(key), max(0, (fill_len - 1) // self.page_size))
+
+    def hold(self, node: UNode) -> None:
+        """A temporary device lock (``_lock_node``)."""
+        self.cache.inc_lock_ref(node)
+
+    def release(self, node: UNode) -> None:
+        self.cache.dec_lock_ref(node)
+
+    def load_back(self, m: Match) -> tuple[list[int], UNode]:
+        """``init_load_back`` of ``m`` when its best node is evicted or it has a host hit;
+        returns the request's device prefix pages and the node its lock goes on."""
+        prefix, last = m.device_pages, m.last_device
+        if m.best.evicted or m.host_hit_length > 0:
+            loaded, node = self.cache.init_load_back(m.best, m.host_hit_length, m.last_device)
+            if loaded:
+                prefix = prefix + self.cache.tree.path_device_pages(node, m.last_device)
+                last = node
+        return prefix, last
+
+    def lock(
+        self, key: Sequence[Hashable], prefix: list[int], last: UNode, prompt_pages: int = 0
+    ) -> ReqKV23:
+        """The request's own lock on ``last``; its KV starts with ``prefix`` (tree-owned)."""
+        self.cache.inc_lock_ref(last)
+        return ReqKV23(key=key, kv=prefix, last_node=last, protected_pages=len(prefix),
+                       prompt_pages=prompt_pages)  # fmt: skip
+
+    def prefetch(self, rid: Hashable, key: PageKey, fill_len: int, now: float) -> bool:
+        """No L3 tier for 0.5.23 yet: nothing is ever prefetched."""
+        return False
+
     # -------------------------------------------------------------------------- memory --
-    def _evict_to_free(self, num_tokens: int) -> None:
+    def alloc(self, pages: int, evict_tokens: int) -> list[int] | None:
+        """``pages`` device pages for ``evict_tokens`` tokens of need (the allocator's estimate),
+        evicting the shortfall first (``evict_to_free_tokens``); None when still short."""
+        self.evict_to_free(evict_tokens)
+        return self.cache.controller.device.alloc_pages(pages)
+
+    def evict_to_free(self, num_tokens: int) -> None:
+        """``evict_to_free_tokens``: evict the shortfall of ``num_tokens`` (none if available)."""
         dev = self.cache.controller.device
         short = num_tokens - dev.available_size()
         if short > 0:
@@ -106,7 +147,7 @@ class KVLifecycle0523:
         need = -(-prompt_tokens // p) - have
         if need <= 0:
             return True
-        self._evict_to_free(prompt_tokens - have * p + (p if p > 1 else 0))
+        self.evict_to_free(prompt_tokens - have * p + (p if p > 1 else 0))
         if not self.cache.controller.device.alloc_into(kv.kv, need):
             self.abort(kv)
             return False
@@ -124,7 +165,7 @@ class KVLifecycle0523:
             dev.alloc_into(kv.kv, need)
             return True
         for _ in range(need):
-            self._evict_to_free(p)
+            self.evict_to_free(p)
             if not dev.alloc_into(kv.kv, 1):
                 self.abort(kv)
                 return False
@@ -160,8 +201,11 @@ class KVLifecycle0523:
         kv.last_node = last
         kv.protected_pages = n
 
-    def after_prefill(self, kv: ReqKV23, prompt_pages: int) -> None:
-        self.checkpoint(kv, prompt_pages)
+    def after_prefill(self, kv: ReqKV23, prompt_pages: int = -1, chunked: bool = False) -> None:
+        """``cache_unfinished_req`` (a chunk or a whole prefill): the checkpoint of ``kv.key``;
+        ``prompt_pages`` -1: ``kv.prompt_pages``. ``chunked`` changes nothing in 0.5.23 (the
+        watermark replaced the flag); it is taken for the 0.5.14 lifecycle's signature."""
+        self.checkpoint(kv, kv.prompt_pages if prompt_pages < 0 else prompt_pages)
 
     def finish(
         self, kv: ReqKV23, prompt: PageKey, out_symbols: list[Hashable], kv_tokens: int

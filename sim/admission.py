@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from hicache.policy import HiRadixCache
+from sim.cache_types import AnyCache
 
 if TYPE_CHECKING:
     from sim.scheduler import Scheduler, SchedulerParams, SimReq
@@ -30,9 +30,7 @@ class PrefillBudget:
         "reserved",
     )
 
-    def __init__(
-        self, cache: HiRadixCache, p: SchedulerParams, reserve: Callable[[], float]
-    ) -> None:
+    def __init__(self, cache: AnyCache, p: SchedulerParams, reserve: Callable[[], float]) -> None:
         """``reserve()``: the running requests' remaining outputs x ``new_token_ratio`` (a sum
         over the batch), asked once, when ``rem_total`` is first read: a batch that stops
         before reading it (a chunk that fills the budget) does not pay for it."""

@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING, Any
 import simpy
 
 from hicache.lifecycle import PagedTrace, page_keys
-from hicache.policy import HiRadixCache, PageAllocator
+from hicache.policy import PageAllocator
 from hicache.policy.radix import PageKey
+from sim.cache_types import AnyCache
 from sim.controller import SimController
 from sim.costs import Costs, build_costs
 from sim.instance import Instance
@@ -64,6 +65,7 @@ class Engine:
         router: Router | None = None,
         storage: StorageSetup | None = None,
         record_spans: bool = True,
+        sglang_version: str = "0.5.14",
     ) -> None:
         """``record_spans``: keep every compute span (the Chrome trace's compute track: a row
         per prefill and decode call, growing with the run); off, nothing is kept."""
@@ -78,7 +80,8 @@ class Engine:
                      page_size=page_size, write_policy=write_policy, eviction=eviction,
                      costs=costs, sched=sched, on_finished=self._finished,
                      next_arrival=self._next_arrival, timeline_max_rows=timeline_max_rows,
-                     load_back_threshold=load_back_threshold, storage=storage)
+                     load_back_threshold=load_back_threshold, storage=storage,
+                     sglang_version=sglang_version)
             for i in range(instances)
         ]  # fmt: skip
         if not record_spans:
@@ -103,7 +106,7 @@ class Engine:
 
     # the single server's parts (what tests and one-instance callers use)
     @property
-    def cache(self) -> HiRadixCache:
+    def cache(self) -> AnyCache:
         return self.instances[0].cache
 
     @property
@@ -386,6 +389,7 @@ def run_simulation(
         else None,
         storage=StorageSetup.from_config(cfg, costs.bytes_per_page),
         record_spans=cfg.run.chrome_trace and out_dir is not None,
+        sglang_version=cfg.sglang.version,
     )
     duration = engine.run()
     frames = engine.frames(take=True)

@@ -314,8 +314,10 @@ class CacheReplay0523:
         key = life.prompt_key(r)
         a = life.admit(key, r.input_length)
         if a.loaded_pages:
+            # launched before the prefill's allocation; its ack is drained with the step's
+            # events after the batch result, as SGLang's loop drains it: the loaded chain stays
+            # locked (and under write_back pinned against host-duplicate reclaim) meanwhile
             cache.ready_to_load_host_cache()
-            cache.loading_check()
         if not life.reserve_prompt(a.kv, r.input_length):
             res.oom_requests += 1
             return 0, 0

@@ -1,5 +1,6 @@
 """One server of a timed run: HBM/DRAM pools (the policy core's allocators), the duplex PCIe
-link, the SimController, the HiRadixCache, the scheduler and the recorder, on a SimPy
+link, the SimController, the cache of the SGLang version (HiRadixCache for 0.5.14,
+UnifiedRadixCache for 0.5.23), that version's scheduler and the recorder, on a SimPy
 environment that a whole cluster shares (:mod:`sim.engine`).
 
 An :class:`Instance` is also what a router sees of a server (``sim.routers.InstanceView``):
@@ -17,11 +18,14 @@ from hicache.lifecycle import PagedRequest
 from hicache.policy import HiRadixCache, PageAllocator
 from hicache.policy.allocator import device_pool
 from hicache.policy.storage import StageCall
+from hicache.policy.v0523 import UnifiedRadixCache
+from sim.cache_types import AnyCache
 from sim.controller import SimController
 from sim.costs import Costs
 from sim.link import DuplexLink
 from sim.metrics import Recorder, RequestRow, TimelineRow
 from sim.scheduler import Scheduler, SchedulerParams, SimReq
+from sim.scheduler_v0523 import Scheduler0523
 from sim.storage import SimStorage
 from sim.storage_setup import StorageSetup
 
@@ -48,6 +52,7 @@ class Instance:
         timeline_max_rows: int = 20_000,
         load_back_threshold: int = 10,
         storage: StorageSetup | None = None,
+        sglang_version: str = "0.5.14",
     ) -> None:
         self.env = env
         self.index = index
@@ -58,19 +63,40 @@ class Instance:
         self.link = DuplexLink(env, eta={"d2h": costs.eta_d2h, "h2d": costs.eta_h2d},
                                on_change=self._on_link_change)  # fmt: skip
         self.ctrl = SimController(env, self.device, self.host, self.link, costs, self.recorder)
-        self.cache = HiRadixCache(
-            self.ctrl,
-            write_policy=write_policy,
-            eviction_policy=eviction,
-            load_back_threshold=load_back_threshold,
-        )
-        self.sched = Scheduler(env, self.cache, costs, sched, self.ctrl, self._finished,
-                               self._sample, next_arrival)  # fmt: skip
+        self.cache: AnyCache
+        kind: type[Scheduler]
+        if sglang_version == "0.5.14":
+            self.cache, kind = (
+                HiRadixCache(
+                    self.ctrl,
+                    write_policy=write_policy,
+                    eviction_policy=eviction,
+                    load_back_threshold=load_back_threshold,
+                ),
+                Scheduler,
+            )
+        else:
+            if storage is not None:
+                raise ValueError(
+                    f"the L3 tier is modelled for SGLang 0.5.14 only, not {sglang_version}"
+                )
+            self.cache, kind = (
+                UnifiedRadixCache(
+                    self.ctrl,
+                    write_policy=write_policy,
+                    eviction_policy=eviction,
+                    load_back_threshold=load_back_threshold,
+                ),
+                Scheduler0523,
+            )
+        self.sched = kind(env, self.cache, costs, sched, self.ctrl, self._finished,
+                          self._sample, next_arrival)  # fmt: skip
         self._on_finished = on_finished
         self.routed = 0
         self.done = 0
         self.storage: SimStorage | None = None
         if storage is not None:
+            assert isinstance(self.cache, HiRadixCache)
             self.storage = storage.attach(env, index, self.cache, self.host, device_tokens)
             self.storage.listeners.append(self._on_storage_call)
 

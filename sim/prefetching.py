@@ -16,6 +16,7 @@ import simpy
 
 from hicache.lifecycle import KVLifecycle
 from hicache.policy import HiRadixCache
+from sim.cache_types import AnyCache, AnyLife
 
 if TYPE_CHECKING:
     from sim.admission import PrefillBudget
@@ -26,8 +27,8 @@ class Prefetching:
     """Mixed into ``Scheduler``; uses its queue, cache, lifecycle and wake-up event."""
 
     env: simpy.Environment
-    cache: HiRadixCache
-    life: KVLifecycle
+    cache: AnyCache
+    life: AnyLife
     p: SchedulerParams
     waiting: deque[SimReq]
     running: list[SimReq]
@@ -94,12 +95,19 @@ class Prefetching:
 
     # ----------------------------------------------------------------------------- loop --
 
+    def _l3(self) -> tuple[HiRadixCache, KVLifecycle]:
+        """The cache and lifecycle as the L3 tier has them (SGLang 0.5.14's only)."""
+        cache, life = self.cache, self.life
+        assert isinstance(cache, HiRadixCache) and isinstance(life, KVLifecycle)
+        return cache, life
+
     def _admit_with_prefetch(
         self, budget: PrefillBudget, batch: list[tuple[SimReq, int, int]]
     ) -> None:
         """The admission loop with an L3 tier: each request the loop reaches is first checked
         (``check_prefetch_progress``); one still prefetching is skipped, not blocking."""
-        p, life, now = self.p, self.life, self.env.now
+        cache, life = self._l3()
+        p, now = self.p, self.env.now
         i = 0
         while i < len(self.waiting) and budget.rem_total() > 0 and budget.rem_input > 0:
             if budget.rem_chunk <= 0:
@@ -107,7 +115,7 @@ class Prefetching:
             if p.max_running_requests and len(self.running) + len(batch) >= p.max_running_requests:
                 break
             req = self.waiting[i]
-            entry = self.cache.ongoing_prefetch.get(req.rid)
+            entry = cache.ongoing_prefetch.get(req.rid)
             credit = life.prefetch_done(req.rid, now)
             if credit < 0:  # reached, but held back by its prefetch
                 if req.prefetch_held < 0:
@@ -122,8 +130,8 @@ class Prefetching:
             n = len(self.waiting)
             ok = self._add_waiting(budget, batch, req)
             if credit and len(self.waiting) == n:
-                self.cache.defects["D5"] += 1  # SGLang overwrites the credit with 0 next pass
-                self.cache.defect_tokens["D5"] += credit
+                cache.defects["D5"] += 1  # SGLang overwrites the credit with 0 next pass
+                cache.defect_tokens["D5"] += credit
             if not ok:
                 break
 
@@ -134,7 +142,7 @@ class Prefetching:
         if op is None:
             return now
         end = op.done_time if op.done_time >= 0 else now
-        deadline = self.cache.deadline_of(op)
+        deadline = self._l3()[0].deadline_of(op)
         if deadline is not None:
             end = min(end, deadline)
         return max(req.prefetch_held, min(now, end))
@@ -142,9 +150,9 @@ class Prefetching:
     def _wake_at_prefetch_deadline(self) -> None:
         """Idle with requests waiting on their prefetch: wake when the earliest timeout
         expires (stage progress wakes the scheduler through its listener)."""
-        cache = self.cache
-        if cache.storage is None or not self.waiting:
+        if self.cache.storage is None or not self.waiting:
             return
+        cache = self._l3()[0]
         now = self.env.now
         deadlines = [cache.prefetch_deadline(r.rid) for r in self.waiting]
         # a deadline already passed changes nothing until admission reaches that request,
@@ -163,9 +171,9 @@ class Prefetching:
 
     def _only_prefetching(self) -> bool:
         """Every waiting request's prefetch check would say "not yet" now (FCFS, L3 on)."""
-        cache, now = self.cache, self.env.now
-        if cache.storage is None or self.p.policy == "lpm" or self.chunked is not None:
+        if self.cache.storage is None or self.p.policy == "lpm" or self.chunked is not None:
             return False
+        cache, now = self._l3()[0], self.env.now
         return all(cache.prefetch_pending(r.rid, now) for r in self.waiting)
 
     @staticmethod

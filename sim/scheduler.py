@@ -27,10 +27,12 @@ import simpy
 
 from hicache.latency import layer_pipeline_end
 from hicache.lifecycle import NO_KEY, KVLifecycle, PagedRequest, ReqKV
+from hicache.lifecycle_v0523 import ReqKV23
 from hicache.policy import HiRadixCache, PageKey
 from hicache.policy.radix import PrefixKey
 from hicache.policy.storage import PrefetchOp
 from sim.admission import Gate, PrefillBudget
+from sim.cache_types import AnyCache, AnyKV, AnyLife
 from sim.link import Job
 from sim.params import SchedulerParams as SchedulerParams
 from sim.prefetching import Prefetching
@@ -78,7 +80,7 @@ class SimReq:
     keys: Callable[[int], PageKey] | None = None
     prompt: PageKey | None = None  # full prompt pages (built at the first need)
     # progress
-    kv: ReqKV | None = None
+    kv: AnyKV | None = None
     fill_len: int = 0  # tokens to prefill this admission (prompt, + decoded after retraction)
     filled: int = 0  # tokens prefilled so far in this admission
     decoded: int = 0  # output tokens generated (the prefill produces the first)
@@ -134,7 +136,7 @@ class Scheduler(Prefetching):
     def __init__(
         self,
         env: simpy.Environment,
-        cache: HiRadixCache,
+        cache: AnyCache,
         cost: CostModel,
         params: SchedulerParams,
         ctrl: LinkControl,
@@ -144,7 +146,7 @@ class Scheduler(Prefetching):
     ) -> None:
         self.env = env
         self.cache = cache
-        self.life = KVLifecycle(cache, params.outputs)
+        self.life: AnyLife = self._make_life(cache, params.outputs)
         self.cost = cost
         self.p = params
         self.ctrl = ctrl
@@ -180,6 +182,11 @@ class Scheduler(Prefetching):
         # the admission attempt of this iteration (see Gate): the queue head's failed match
         # (the tokens it needed, the clock after it, its touches; -1: none usable)
         self._tried = (-1, -1, 0)
+
+    def _make_life(self, cache: AnyCache, outputs: str) -> AnyLife:
+        """The request lifecycle on ``cache`` (0.5.14's here; overridden per version)."""
+        assert isinstance(cache, HiRadixCache), "Scheduler drives SGLang 0.5.14's cache"
+        return KVLifecycle(cache, outputs)
 
     # ---------------------------------------------------------------------------- inbox --
     def arrive(self, req: SimReq) -> None:
@@ -237,8 +244,7 @@ class Scheduler(Prefetching):
         self._tried = (-1, -1, 0)
         if p.max_running_requests and len(self.running) >= p.max_running_requests:
             return None
-        if p.policy == "lpm" and 1 < len(self.waiting) <= p.lpm_max_queue:
-            self._sort_lpm()
+        self._calc_priority()
         # the reservations are summed when first read: nothing between here and there
         # changes the running batch or new_token_ratio
         budget = PrefillBudget(self.cache, p, self._reserved)
@@ -277,7 +283,8 @@ class Scheduler(Prefetching):
     ) -> bool:
         """Try to admit ``req`` (the first waiting request the loop reaches:
         PrefillAdder.add_one_req); False stops the batch."""
-        life, ps, cache = self.life, self.p.page_size, self.cache
+        life, cache = self._v0514()
+        ps = self.p.page_size
         key = self._fill_key(req)
         clock, made = cache.now(), cache.nodes_made()
         m = life.match(key, req.fill_len)
@@ -332,13 +339,46 @@ class Scheduler(Prefetching):
         self.chunked = req
         return False
 
+    def _calc_priority(self) -> None:
+        """``calc_priority``: under LPM the waiting queue is sorted (FCFS: kept as it is)."""
+        p = self.p
+        if p.policy == "lpm" and 1 < len(self.waiting) <= p.lpm_max_queue:
+            self._sort_lpm()
+
+    def _v0514(self) -> tuple[KVLifecycle, HiRadixCache]:
+        """The lifecycle and cache as 0.5.14's steps take them (this class's own)."""
+        life, cache = self.life, self.cache
+        assert isinstance(life, KVLifecycle) and isinstance(cache, HiRadixCache)
+        return life, cache
+
+    def _checkpoint(self, kv: AnyKV, chunked: bool = False) -> None:
+        """``cache_unfinished_req`` of ``kv`` (its key set to what was prefilled)."""
+        life = self.life
+        if isinstance(life, KVLifecycle):
+            assert isinstance(kv, ReqKV)
+            life.after_prefill(kv, chunked)
+        else:
+            assert isinstance(kv, ReqKV23)
+            life.after_prefill(kv, chunked=chunked)
+
+    def _release_kv(self, kv: AnyKV) -> None:
+        """Retraction: the request's own pages freed, its lock released, nothing inserted."""
+        life = self.life
+        if isinstance(life, KVLifecycle):
+            assert isinstance(kv, ReqKV)
+            life.abort(kv)
+        else:
+            assert isinstance(kv, ReqKV23)
+            life.abort(kv)
+
     def _sort_lpm(self) -> None:
         """Longest prefix match first (stable). Matching every waiting request touches and may
         split nodes, as SGLang's calc_priority does. (SGLang's in-batch prefix dedup is not
         modelled.)"""
         scored = []
+        life = self._v0514()[0]
         for r in self.waiting:
-            m = self.life.match(self._fill_key(r), r.fill_len)
+            m = life.match(self._fill_key(r), r.fill_len)
             scored.append((-(m.device_hit_length + m.host_hit_length), r))
         scored.sort(key=lambda x: x[0])
         self.waiting = deque(r for _, r in scored)
@@ -399,7 +439,7 @@ class Scheduler(Prefetching):
             full = req.filled // ps
             if req.filled < req.fill_len:  # an intermediate chunk
                 req.kv.key = PrefixKey(self._fill_key(req), full)
-                life.after_prefill(req.kv, chunked=True)
+                self._checkpoint(req.kv, chunked=True)
                 continue
             req.kv_tokens = req.filled
             if req.first_token < 0:
@@ -411,7 +451,7 @@ class Scheduler(Prefetching):
                 self._finish(req)
                 continue
             req.kv.key = self._fill_key(req)
-            life.after_prefill(req.kv)
+            self._checkpoint(req.kv)
             self.running.append(req)
             self.kv_total += req.kv_tokens
 
@@ -444,24 +484,8 @@ class Scheduler(Prefetching):
         env, cache, ps = self.env, self.cache, self.p.page_size
         cache.writing_check()  # flush_write_through_acks
         run = self.running
-        dev = cache.controller.device
-        at_boundary = [r for r in run if r.kv_tokens % ps == 0]
-        need = ps * len(at_boundary)
-        evicted = False
-        if need and dev.available_size() < need:
-            evicted = True  # the head's match may have changed: no gate this call
-            cache.evict(need)
-            while dev.available_size() < need and len(run) > 1:
-                self._retract_one()
-                at_boundary = [r for r in run if r.kv_tokens % ps == 0]
-                need = ps * len(at_boundary)
-                if dev.available_size() < need:
-                    cache.evict(self.p.retract_decode_steps * len(run))
-            if dev.available_size() < need:
-                raise RuntimeError(
-                    "device pool cannot hold even one decoding request (device_tokens too small "
-                    "for this trace's longest request)"
-                )
+        # evicted: the head's match may have changed, so no gate this call
+        at_boundary, evicted = self._check_decode_mem()
         for r in at_boundary:
             self._new_page(r)
         bs = len(run)
@@ -604,6 +628,34 @@ class Scheduler(Prefetching):
                 run.remove(r)
                 self.kv_total -= r.kv_tokens
                 self._finish(r)
+
+    def _check_decode_mem(self) -> tuple[list[SimReq], bool]:
+        """``check_decode_mem`` and ``retract_decode``: a request whose written KV fills whole
+        pages needs a page now; short of pages, evict, then retract until they fit. Returns
+        the requests at a page boundary and whether anything was evicted or retracted."""
+        ps, run = self.p.page_size, self.running
+        dev = self.cache.controller.device
+        at_boundary = [r for r in run if r.kv_tokens % ps == 0]
+        need = ps * len(at_boundary)
+        if not need or dev.available_size() >= need:
+            return at_boundary, False
+        self._evict_for_decode(need)
+        while dev.available_size() < need and len(run) > 1:
+            self._retract_one()
+            at_boundary = [r for r in run if r.kv_tokens % ps == 0]
+            need = ps * len(at_boundary)
+            if dev.available_size() < need:
+                self._evict_for_decode(self.p.retract_decode_steps * len(run))
+        if dev.available_size() < need:
+            raise RuntimeError(
+                "device pool cannot hold even one decoding request (device_tokens too small "
+                "for this trace's longest request)"
+            )
+        return at_boundary, True
+
+    def _evict_for_decode(self, num_tokens: int) -> None:
+        """The decode check's eviction: 0.5.14 evicts the whole ``num_tokens``."""
+        self.cache.evict(num_tokens)
 
     def _gate(self) -> Gate | None:
         """The gate for a chain of steps after a failed admission attempt, or None where the
@@ -771,7 +823,7 @@ class Scheduler(Prefetching):
         run.remove(victim)
         self.kv_total -= victim.kv_tokens
         assert victim.kv is not None
-        self.life.abort(victim.kv)
+        self._release_kv(victim.kv)
         victim.kv = None
         victim.retractions += 1
         victim.fill_len = victim.input_length + victim.decoded
@@ -792,7 +844,13 @@ class Scheduler(Prefetching):
         assert req.kv is not None
         req.finish = self.env.now
         # the KV of prompt + outputs but the last token (SGLang's kv_committed_len)
-        self.life.finish(req.kv, self._prompt(req), req.out_symbols, req.kv_tokens)
+        life, kv = self.life, req.kv
+        if isinstance(life, KVLifecycle):
+            assert isinstance(kv, ReqKV)
+            life.finish(kv, self._prompt(req), req.out_symbols, req.kv_tokens)
+        else:
+            assert isinstance(kv, ReqKV23)
+            life.finish(kv, self._prompt(req), req.out_symbols, req.kv_tokens)
         req.kv = None
         req.release_keys()
         self.on_finish(req)

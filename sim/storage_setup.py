@@ -155,7 +155,12 @@ def storage_summary(engine: Any, frames: dict[str, Any]) -> dict[str, Any]:
             counts[code] = counts.get(code, 0) + n
         for code, n in inst.cache.defect_tokens.items():
             tokens[code] = tokens.get(code, 0) + n
-    codes = list(DEFECTS) if engine.storage is not None else ["L2LB"]
+    if engine.storage is not None:
+        codes = list(DEFECTS)
+    elif all(isinstance(inst.cache, HiRadixCache) for inst in engine.instances):
+        codes = ["L2LB"]
+    else:  # SGLang 0.5.23: none of them is open on the L1/L2 path (SGLANG_0523.md §3)
+        codes = []
     out: dict[str, Any] = {
         "sglang_defects": {
             c: {"count": counts.get(c, 0), "tokens": tokens.get(c, 0), "what": DEFECTS[c]}

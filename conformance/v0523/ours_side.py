@@ -221,8 +221,8 @@ class OursUnifiedCache:
         return {
             "nodes": nodes,
             "root_lock_ref": self.cache.root.lock_ref,
-            "evictable_size": self.cache.evictable_size,
-            "protected_size": self.cache.protected_size,
+            "evictable_size": self.cache.evictable_size(),
+            "protected_size": self.cache.protected_size(),
             "device_free": self.device.free_pages_snapshot(),
             "host_free": [] if self.host is None else self.host.free_pages_snapshot(),
             "write_queue": [[p(op.node_id)] for op in ctrl.pending_writes],

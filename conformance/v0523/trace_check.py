@@ -141,10 +141,9 @@ class RealReplay:
                 last = node
         st: dict[str, Any] = {"kv": prefix, "protected": len(prefix), "inserted": 0,
                               "lock": cache.lock(last)}  # fmt: skip
-        if loaded:
+        if loaded:  # launched and done; the ack is drained with the step's events below
             cache.ready_to_load_host_cache()
             self.side.finish_loads(None)
-            cache.loading_check()
         self.device_hit += dev
         self.host_hit += loaded
         # the prompt's pages (extend estimate: one page more when paged)

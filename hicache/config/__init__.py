@@ -1,7 +1,8 @@
 """Run configuration: frozen dataclasses, TOML loading, ``--set`` overrides, validation.
 
-A config has seven sections (``model``, ``gpu``, ``link``, ``cache``, ``scheduler``,
-``workload``, ``run``); a TOML file sets any subset of their keys::
+A config has its sections (``model``, ``gpu``, ``link``, ``cache``, ``scheduler``,
+``workload``, ``cluster``, ``router``, ``storage``, ``run``, ``sglang``); a TOML file sets any
+subset of their keys::
 
     [model]
     name = "llama-3-8b"
@@ -45,6 +46,7 @@ from hicache.config.sections import (
     RouterConfig,
     RunConfig,
     SchedulerConfig,
+    SglangConfig,
     SimConfig,
     StorageConfig,
     WorkloadConfig,
@@ -71,6 +73,7 @@ __all__ = [
     "RouterConfig",
     "RunConfig",
     "SchedulerConfig",
+    "SglangConfig",
     "SimConfig",
     "StorageConfig",
     "WorkloadConfig",

@@ -18,6 +18,7 @@ from typing import Any, get_type_hints
 from hicache import hardware
 from hicache.config.sections import (
     CLOSED_LOOP_MODES,
+    EVICTION_CHOICES,
     IO_BACKENDS,
     MEM_LAYOUTS,
     OUTPUT_MODES,
@@ -26,8 +27,9 @@ from hicache.config.sections import (
     SECTIONS,
     STORAGE_BACKENDS,
 )
-from hicache.policy import STRATEGIES, WRITE_POLICIES
+from hicache.policy import WRITE_POLICIES
 from hicache.policy.storage import PREFETCH_POLICIES
+from hicache.versions import SGLANG_VERSIONS
 
 #: The keys that take one of a few names, and those names.
 CHOICES: dict[str, tuple[str, ...]] = {
@@ -37,7 +39,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "link.io_backend": IO_BACKENDS,
     "link.mem_layout": MEM_LAYOUTS,
     "cache.write_policy": tuple(WRITE_POLICIES),
-    "cache.eviction": tuple(STRATEGIES),
+    "cache.eviction": EVICTION_CHOICES,
     "scheduler.policy": SCHEDULE_POLICIES,
     "workload.closed_loop": CLOSED_LOOP_MODES,
     "workload.outputs": OUTPUT_MODES,
@@ -45,6 +47,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "storage.backend": STORAGE_BACKENDS,
     "storage.prefetch_policy": PREFETCH_POLICIES,
     "storage.shared": ("auto", "yes", "no"),
+    "sglang.version": tuple(SGLANG_VERSIONS),
 }
 
 

@@ -12,18 +12,8 @@ from typing import Any, get_type_hints
 
 from hicache.config.sections import (
     SECTIONS,
-    CacheConfig,
-    ClusterConfig,
     ConfigError,
-    GpuConfig,
-    LinkConfig,
-    ModelConfig,
-    RouterConfig,
-    RunConfig,
-    SchedulerConfig,
     SimConfig,
-    StorageConfig,
-    WorkloadConfig,
     _Section,
 )
 
@@ -130,18 +120,8 @@ def _build(
 ) -> SimConfig:
     """Construct (and so validate) a SimConfig, attributing errors to where the value came from."""
     try:
-        return SimConfig(
-            model=ModelConfig(**values.get("model", {})),
-            gpu=GpuConfig(**values.get("gpu", {})),
-            link=LinkConfig(**values.get("link", {})),
-            cache=CacheConfig(**values.get("cache", {})),
-            scheduler=SchedulerConfig(**values.get("scheduler", {})),
-            workload=WorkloadConfig(**values.get("workload", {})),
-            cluster=ClusterConfig(**values.get("cluster", {})),
-            router=RouterConfig(**values.get("router", {})),
-            storage=StorageConfig(**values.get("storage", {})),
-            run=RunConfig(**values.get("run", {})),
-        )
+        sections: dict[str, Any] = {n: c(**values.get(n, {})) for n, c in SECTIONS.items()}
+        return SimConfig(**sections)
     except ConfigError as e:
         raise e.with_source(origin.get(e.field, fallback)) from None
 

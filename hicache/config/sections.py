@@ -17,6 +17,7 @@ from hicache.policy import STRATEGIES, WRITE_POLICIES, host_pool_tokens
 from hicache.policy.storage import PREFETCH_POLICIES
 from hicache.profile import machine_mismatch
 from hicache.servers import DEFAULT_SERVER, ServerSpec, get_server, rank_link_share
+from hicache.versions import DEFAULT_SGLANG_VERSION, SGLANG_VERSIONS
 
 #: ``--hicache-io-backend`` values the simulator models (``kernel_ascend`` is NPU-only).
 IO_BACKENDS = ("kernel", "direct")
@@ -29,6 +30,9 @@ SCHEDULE_POLICIES = ("fcfs", "lpm")
 CLOSED_LOOP_MODES = ("auto", "on", "off")
 #: What ``cache_finished_req`` inserts: prompt + outputs, or the prompt only (as sim.hitrate).
 OUTPUT_MODES = ("cache", "skip")
+#: ``cache.eviction`` names: SGLang 0.5.14's strategies, and ``tlru`` (0.5.21+, so
+#: ``sglang.version`` 0.5.23 only; checked across sections by :class:`SimConfig`).
+EVICTION_CHOICES = (*STRATEGIES, "tlru")
 #: The most pages a pool may have: the policy core keeps a free list per pool (about 40 B a
 #: page), so a pool beyond this is a typo (1e12 tokens) rather than a study, and would exhaust
 #: memory instead of giving an error. A real pool at page size 1 is ~10^6 pages.
@@ -216,16 +220,10 @@ class CacheConfig:
     def __post_init__(self) -> None:
         _at_least("cache.page_size", self.page_size, 1)
         _choice("cache.write_policy", self.write_policy, WRITE_POLICIES)
-        _choice("cache.eviction", self.eviction, tuple(STRATEGIES))
+        _choice("cache.eviction", self.eviction, EVICTION_CHOICES)
         _positive("cache.hicache_ratio", self.hicache_ratio)
         _at_least("cache.hicache_size_gb", self.hicache_size_gb, 0)
         _at_least("cache.load_back_threshold", self.load_back_threshold, 0)
-        if self.enable_host and self.hicache_size_gb == 0 and not self.hicache_ratio > 1:
-            raise ConfigError(
-                "cache.hicache_ratio",
-                f"must be > 1 when the host tier sizes by ratio (SGLang needs a host pool "
-                f"larger than the device pool), got {self.hicache_ratio:g}",
-            )
 
 
 @dataclass(frozen=True)
@@ -293,6 +291,21 @@ class WorkloadConfig:
         _at_least("workload.max_requests", self.max_requests, 0)
         _choice("workload.closed_loop", self.closed_loop, CLOSED_LOOP_MODES)
         _choice("workload.outputs", self.outputs, OUTPUT_MODES)
+
+
+@dataclass(frozen=True)
+class SglangConfig:
+    """The SGLang release whose HiCache decisions the run reproduces (``hicache.versions``)."""
+
+    section: ClassVar[str] = "sglang"
+
+    # 0.5.14: HiRadixCache (SGLang <= 0.5.18), the release the L3 tier is modelled for;
+    # 0.5.23: UnifiedRadixCache (SGLang >= 0.5.19, what its users run today). The default
+    # stays 0.5.14 until 0.5.23 has the L3 tier too (hicache.versions states why)
+    version: str = DEFAULT_SGLANG_VERSION
+
+    def __post_init__(self) -> None:
+        _choice("sglang.version", self.version, tuple(SGLANG_VERSIONS))
 
 
 @dataclass(frozen=True)
@@ -466,6 +479,7 @@ _Section = (
     | RouterConfig
     | StorageConfig
     | RunConfig
+    | SglangConfig
 )
 
 #: Section name -> its dataclass, in file order.
@@ -482,6 +496,7 @@ SECTIONS: dict[str, type[_Section]] = {
         RouterConfig,
         StorageConfig,
         RunConfig,
+        SglangConfig,
     )
 }
 
@@ -507,8 +522,10 @@ class SimConfig:
     router: RouterConfig = field(default_factory=RouterConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    sglang: SglangConfig = field(default_factory=SglangConfig)
 
     def __post_init__(self) -> None:
+        _check_version_sections(self)
         if not self.link.name:
             default = hardware.get_gpu(self.gpu.name).default_link
             object.__setattr__(self, "link", dataclasses.replace(self.link, name=default))
@@ -554,6 +571,30 @@ class SimConfig:
                 "--allow-profile-mismatch (run.allow_profile_mismatch = true)",
             )
         resolve_pools(self)
+
+
+def _check_version_sections(cfg: SimConfig) -> None:
+    """What ``sglang.version`` allows in the other sections."""
+    version, c = cfg.sglang.version, cfg.cache
+    if version == "0.5.14":
+        if c.eviction == "tlru":
+            raise ConfigError(
+                "cache.eviction",
+                'tlru is SGLang\'s since 0.5.21: set sglang.version = "0.5.23" to use it',
+            )
+        if c.enable_host and c.hicache_size_gb == 0 and not c.hicache_ratio > 1:
+            raise ConfigError(
+                "cache.hicache_ratio",
+                f"must be > 1 when the host tier sizes by ratio (SGLang 0.5.14 needs a host pool "
+                f"larger than the device pool), got {c.hicache_ratio:g}",
+            )
+        return
+    if cfg.storage.enabled:
+        raise ConfigError(
+            "storage.backend",
+            f"the L3 tier is modelled for SGLang 0.5.14 only (not yet for {version}); set "
+            'sglang.version = "0.5.14" to study it',
+        )
 
 
 def server_for(cfg: SimConfig) -> ServerSpec:
@@ -624,6 +665,7 @@ def resolve_pools(cfg: SimConfig) -> tuple[int, int, int]:
             hicache_ratio=cfg.cache.hicache_ratio,
             hicache_size_gb=cfg.cache.hicache_size_gb,
             bytes_per_token=bpt,
+            must_exceed_device=cfg.sglang.version == "0.5.14",
         )
     except ValueError as e:
         where = "cache.hicache_size_gb" if by_size else "cache.hicache_ratio"

@@ -231,12 +231,14 @@ def host_pool_tokens(
     hicache_ratio: float = 2.0,
     hicache_size_gb: float = 0.0,
     bytes_per_token: int | None = None,
+    must_exceed_device: bool = True,
 ) -> int:
     """Host pool size in tokens, as SGLang 0.5.14's ``HostKVCache`` sizes it.
 
     ``hicache_size_gb > 0`` (GB = 1e9 bytes, per rank) overrides the ratio and needs
     ``bytes_per_token``. The page count always gets one extra page. Raises ``ValueError`` when the
-    host pool would not be larger than the device pool (SGLang asserts this at start-up).
+    host pool would not be larger than the device pool (SGLang 0.5.14 asserts this at start-up;
+    0.5.23 only warns, pool_host/base.py:232-241: ``must_exceed_device=False``).
     """
     if page_size < 1:
         raise ValueError(f"page_size must be >= 1, got {page_size}")
@@ -255,7 +257,7 @@ def host_pool_tokens(
         size = int(tokens)
     page_num = size // page_size + 1
     size = page_num * page_size
-    if size <= device_tokens:
+    if size <= device_tokens and must_exceed_device:
         raise ValueError(
             f"host pool ({size} tokens) must be larger than the device pool ({device_tokens} "
             "tokens); SGLang refuses to start otherwise (raise hicache_ratio above 1 or "

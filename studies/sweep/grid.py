@@ -74,6 +74,14 @@ class Grid:
             _check_key(key.strip(), self.source, "set")
         return replace(self, overrides=(*self.overrides, *items))
 
+    def with_axis(self, key: str, values: Sequence[Scalar]) -> Grid:
+        """The grid with one more axis over config ``key`` (its values as a grid file's list
+        gives them). Raises :class:`ConfigError` when the grid already varies ``key``."""
+        if any(a.name == key for a in self.axes):
+            raise ConfigError(key, "the grid already has this axis", self.source)
+        axis = _parse_axis(key, list(values), self.source)
+        return replace(self, axes=(*self.axes, axis))
+
     def select(self, axis: str, labels: Sequence[Scalar]) -> Grid:
         """The grid keeping only the values of ``axis`` whose label is in ``labels`` (in the
         grid's order). Raises :class:`ConfigError` for an unknown axis or label."""

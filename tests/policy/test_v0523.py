@@ -44,7 +44,7 @@ def test_eviction_for_an_allocation_frees_only_the_shortfall() -> None:
     # 16-token leaf (victims are whole nodes)
     assert c.evict_for_alloc(10) == 16
     assert ctrl.device.available_size() == 16
-    assert c.evictable_size == 16
+    assert c.evictable_size() == 16
 
 
 def test_write_through_backs_up_unbacked_ancestors_parent_first() -> None:
@@ -230,7 +230,7 @@ def test_every_strategy_evicts_and_keeps_the_ledgers(name: str) -> None:
         put(c, k)
         settle(c, ctrl)
     resident = sum(len(n.value or []) for n in c.tree.nodes.values() if n is not c.root)
-    assert c.evictable_size + c.protected_size == resident
+    assert c.evictable_size() + c.protected_size() == resident
     assert ctrl.device.available_size() + resident == 32
 
 

@@ -15,11 +15,12 @@ locks the whole chain and evicts before loading.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 from hicache.policy.controller import BaseController
 from hicache.policy.hiradix import CacheStats
+from hicache.policy.radix import to_page_key
 from hicache.policy.v0523.node import UNode
 from hicache.policy.v0523.tree import Match, TreeCore
 
@@ -74,6 +75,7 @@ class UnifiedRadixCache:
         controller.merge_writes = True
         self.page_size = controller.page_size
         self.write_policy = write_policy
+        self.eviction_policy = eviction_policy.lower()
         self.has_host = controller.host is not None
         self.load_back_threshold = load_back_threshold
         self.tree = TreeCore(
@@ -87,6 +89,12 @@ class UnifiedRadixCache:
         self.ongoing_load_back: dict[int, _LoadBack] = {}
         self.stats = CacheStats()
         """Running totals (tokens), the same fields as 0.5.14's."""
+        self.storage: Any = None
+        """The L3 tier: not modelled for 0.5.23 yet (always None)."""
+        self.defects: dict[str, int] = {}
+        """0.5.14's defects this run met: none is open on 0.5.23's L1/L2 path
+        (SGLANG_0523.md §3), so nothing is counted."""
+        self.defect_tokens: dict[str, int] = {}
 
     @property
     def root(self) -> UNode:
@@ -139,19 +147,52 @@ class UnifiedRadixCache:
         self.stats.insert_calls += 1
         return self.tree.insert(key, value, prev_prefix_len, inserted_len, priority)
 
+    def touch_prefix(self, key: tuple[Hashable, ...]) -> None:
+        """``touch_prefix`` (the waiting-queue refresh): the match walk of the whole key --
+        splits and recency stamps -- with nothing returned, locked or counted."""
+        self.tree.match_prefix(key, None)
+
     def inc_lock_ref(self, node: UNode) -> int:
         return self.tree.inc_lock_ref(node)
 
     def dec_lock_ref(self, node: UNode) -> None:
         self.tree.dec_lock_ref(node)
 
-    @property
     def evictable_size(self) -> int:
+        """Tokens on device in unlocked nodes (``evictable_size()``)."""
         return self.tree.evictable_size
 
-    @property
     def protected_size(self) -> int:
+        """Tokens on device in locked nodes (``protected_size()``)."""
         return self.tree.protected_size
+
+    def total_size(self) -> int:
+        return self.tree.evictable_size + self.tree.protected_size
+
+    # -- what the timed scheduler reads (the same names as HiRadixCache's) -----------------
+    def now(self) -> float:
+        """The tree's logical clock (``get_and_increase_time_counter``'s next value)."""
+        return self.tree._time
+
+    def nodes_made(self) -> int:
+        """Nodes created so far (a split creates one)."""
+        return self.tree._next_id
+
+    def repeat_match(self, times: int, ticks: float) -> None:
+        """``times`` more ``match_prefix`` calls identical to the latest one, made right after
+        it with nothing touched in between (``ticks`` clock steps each): the clock moves on as
+        they would have moved it; the walked path keeps the latest real match's stamps, which
+        are still the newest and in the same order, so no eviction decision can differ."""
+        self.tree._time += times * ticks
+        self.stats.match_calls += times
+
+    def peek_prefix(self, key: Sequence[Hashable], limit: int | None = None) -> tuple[int, int]:
+        """``(device tokens, host-only tokens)`` of ``key``'s cached prefix (``limit`` tokens at
+        most), read-only: not in SGLang; what the tier-aware router asks. Walks as
+        :meth:`match_prefix` (stopping at a dead node) but touches, splits and counts nothing."""
+        pkey = to_page_key(key, self.page_size)
+        n = len(pkey) if limit is None else min(len(pkey), limit // self.page_size)
+        return self.tree.peek(pkey, n)
 
     # -- eviction --------------------------------------------------------------------------
     def evict(self, num_tokens: int) -> int:

@@ -251,6 +251,25 @@ class TreeCore(TreeRemoval):
             n = n.parent  # type: ignore[assignment]
         return Match(pages, host_hit, best_dev, best, hi)
 
+    def peek(self, key: tuple[Hashable, ...], end: int) -> tuple[int, int]:
+        """The walk of :meth:`match_prefix` over ``key[:end]``, read-only: ``(device tokens,
+        host-only tokens)`` of the matched prefix (a partly matched node counts its matched
+        pages)."""
+        node, off, dev, host = self.root, 0, 0, 0
+        while off < end:
+            child = node.children.get(child_key(key, off, None))
+            if child is None or (child.value is None and child.host_value is None):
+                break
+            plen = match_len(child.key, key, off, end)
+            if child.value is not None:
+                dev += plen
+            else:
+                host += plen
+            if plen < len(child.key):
+                break
+            node, off = child, off + plen
+        return dev * self.page_size, host * self.page_size
+
     def split(self, child: UNode, split_len: int) -> UNode:
         """``_split_node`` (with FULL's ``redistribute_on_node_split``): the first
         ``split_len`` pages of ``child`` become a new parent."""

@@ -1,0 +1,200 @@
+"""The scheduler loop against SGLang 0.5.23's cache (``sglang.version = "0.5.23"``).
+
+:class:`Scheduler0523` is :class:`sim.scheduler.Scheduler` with the steps SGLang changed between
+0.5.14 and 0.5.23 replaced; the loop, the decode segments and their timing are the base
+class's. ``conformance/v0523/SCHEDULER.md`` is the comparison of the two releases' scheduler
+code this follows (file:line in both wheels). What changed, each in one method below:
+
+* the request lifecycle is :class:`hicache.lifecycle_v0523.KVLifecycle0523` (the checkpoint with
+  its watermark and prompt-boundary split; allocation evicts the shortfall only);
+* admission (``add_one_req``, schedule_policy.py:1395-1590) chooses whole request, chunk, OTHER or
+  NO_TOKEN *before* the load-back, with the host hit counted as cached; a truncated chunk that
+  rounds to nothing is OTHER with no load started; a load that does not happen re-chooses with
+  the device prefix only. The load-back runs under a host and device lock on
+  ``best_match_node``; its budget check (``prepare_load_back``) always passes for a dense model;
+* the decode memory check and the retraction evict the shortfall only;
+* a chunk's checkpoint is the next iteration's stash (after ``check_hicache_events``), and the
+  merged device->host writes are submitted after every batch result (``flush_pending_backups``,
+  scheduler.py:5105-5106): a chunk's backup starts after the next chunk's forward;
+* under ``lru`` with FCFS admission the first 128 waiting prefixes are touched, head last, on
+  every 32nd scheduling pass (``_touch_waiting_prefixes``, schedule_policy.py:280-305).
+
+The base model's own departures from SGLang's loop (``batch_is_full``, the budget rounding, the
+retraction's ratio; SCHEDULER.md §7) are the same in both versions. No L3 tier (0.5.23's
+prefetch path is not modelled yet; the config refuses it), and no admission gate: the gate
+predicts 0.5.14's admission arithmetic, and 0.5.23 checks the budget under the lock and touches
+the queue, so every attempt runs.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Generator
+from typing import Any
+
+import simpy
+
+from hicache.lifecycle_v0523 import KVLifecycle0523, ReqKV23
+from hicache.policy.v0523 import UnifiedRadixCache
+from sim.admission import Gate, PrefillBudget
+from sim.cache_types import AnyCache, AnyKV, AnyLife
+from sim.scheduler import Scheduler, SimReq
+
+#: ``WAITING_QUEUE_PREFIX_MATCH_MAX`` and ``WAITING_PREFIX_REFRESH_INTERVAL``
+#: (schedule_policy.py:136-139): how many waiting prefixes a refresh touches, and how often.
+TOUCH_MAX = 128
+TOUCH_INTERVAL = 32
+
+
+class Scheduler0523(Scheduler):
+    """See the module docstring."""
+
+    def _make_life(self, cache: AnyCache, outputs: str) -> AnyLife:
+        assert isinstance(cache, UnifiedRadixCache), "Scheduler0523 drives SGLang 0.5.23's cache"
+        self._touch_calls = 0
+        self._stash: list[ReqKV23] = []
+        return KVLifecycle0523(cache, outputs)
+
+    def _v0523(self) -> tuple[KVLifecycle0523, UnifiedRadixCache]:
+        life, cache = self.life, self.cache
+        assert isinstance(life, KVLifecycle0523) and isinstance(cache, UnifiedRadixCache)
+        return life, cache
+
+    # ------------------------------------------------------------------- the loop's steps --
+    def _get_new_batch_prefill(self) -> list[tuple[SimReq, int, int]] | None:
+        """The chunk's stash (its checkpoint, after ``check_hicache_events``), then admission."""
+        if self._stash:
+            life = self._v0523()[0]
+            for kv in self._stash:
+                life.after_prefill(kv)
+            self._stash = []
+        return super()._get_new_batch_prefill()
+
+    def _checkpoint(self, kv: AnyKV, chunked: bool = False) -> None:
+        """An intermediate chunk's checkpoint waits for the next iteration's stash."""
+        assert isinstance(kv, ReqKV23)
+        if chunked:
+            self._stash.append(kv)
+        else:
+            self._v0523()[0].after_prefill(kv)
+
+    def _run_prefill(
+        self, batch: list[tuple[SimReq, int, int]]
+    ) -> Generator[simpy.Event, Any, None]:
+        yield from super()._run_prefill(batch)
+        self._v0523()[1].flush_pending_backups()
+
+    def _run_decode(self, chain: bool = True) -> Generator[simpy.Event, Any, None]:
+        yield from super()._run_decode(chain)
+        self._v0523()[1].flush_pending_backups()
+
+    def _gate(self) -> Gate | None:
+        return None
+
+    def _evict_for_decode(self, num_tokens: int) -> None:
+        """``check_decode_capacity`` / ``evict_from_tree_cache``: the shortfall only."""
+        self._v0523()[0].evict_to_free(num_tokens)
+
+    # ----------------------------------------------------------------------- priority --
+    def _calc_priority(self) -> None:
+        """``calc_priority``: LPM's sort as 0.5.14's, then ``_touch_waiting_prefixes``."""
+        super()._calc_priority()
+        p = self.p
+        lpm_active = p.policy == "lpm" and len(self.waiting) <= p.lpm_max_queue
+        cache = self._v0523()[1]
+        if lpm_active or not self.waiting or cache.eviction_policy != "lru":
+            return
+        refresh = self._touch_calls % TOUCH_INTERVAL == 0
+        self._touch_calls += 1
+        if not refresh:
+            return
+        for i in range(min(TOUCH_MAX, len(self.waiting)) - 1, -1, -1):
+            cache.touch_prefix(self._fill_key(self.waiting[i]))
+
+    def _sort_lpm(self) -> None:
+        """Longest prefix match first (stable), as 0.5.14's (device + host hit)."""
+        life = self._v0523()[0]
+        ps = self.p.page_size
+        scored = []
+        for r in self.waiting:
+            m = life.match(self._fill_key(r), r.fill_len)
+            scored.append((-(len(m.device_pages) * ps + m.host_hit_length), r))
+        scored.sort(key=lambda x: x[0])
+        self.waiting = deque(r for _, r in scored)
+
+    # ---------------------------------------------------------------------- admission --
+    def _select(
+        self, budget: PrefillBudget, batch: list[tuple[SimReq, int, int]], req: SimReq,
+        total: int, cached: int,
+    ) -> int:  # fmt: skip
+        """``_select_prefill_admission`` (side-effect free) with ``cached`` tokens counted as
+        the prefix: the tokens to prefill this batch (the whole extend, or a page-aligned
+        chunk), 0 for NO_TOKEN, -1 for OTHER."""
+        if total >= budget.rem_total():
+            return 0  # NO_TOKEN
+        extend = req.fill_len - cached
+        if not budget.chunking and batch and extend >= budget.rem_input:
+            return -1  # OTHER
+        if extend <= budget.rem_chunk:
+            return extend
+        ps = self.p.page_size
+        size = (cached + budget.rem_chunk // ps * ps) // ps * ps - cached
+        return size if size > 0 else -1
+
+    def _add_waiting(
+        self, budget: PrefillBudget, batch: list[tuple[SimReq, int, int]], req: SimReq
+    ) -> bool:
+        """``PrefillAdder.add_one_req`` (0.5.23) for the first waiting request the loop
+        reaches; False stops the batch."""
+        life, cache = self._v0523()
+        ps = self.p.page_size
+        key = self._fill_key(req)
+        m = life.match(key, req.fill_len)
+        dev = len(m.device_pages) * ps
+        total = req.fill_len - dev + budget.new_tokens(req) + ps
+        life.hold(m.last_device)  # _lock_node(req.last_node)
+        try:
+            size = self._select(budget, batch, req, total, dev + m.host_hit_length)
+            if size <= 0:
+                return False  # NO_TOKEN or OTHER, nothing loaded
+            prefix, last = m.device_pages, m.last_device
+            if m.host_hit_length > 0:  # needs_host_load_back
+                best = m.best
+                uuid = cache.tree.inc_host_lock_ref(best)
+                life.hold(best)
+                try:
+                    prefix, last = life.load_back(m)
+                finally:
+                    life.release(best)
+                    cache.tree.dec_host_lock_ref(best, uuid)
+                if len(prefix) == len(m.device_pages):  # nothing loaded: choose again
+                    size = self._select(budget, batch, req, total, dev)
+                    if size <= 0:
+                        return False
+            kv = life.lock(key, prefix, last, len(self._prompt(req)))
+        finally:
+            life.release(m.last_device)
+        self._admitted(req, kv, dev, len(prefix) * ps - dev, m.host_hit_length)
+        cached = len(prefix) * ps
+        batch.append((req, size, cached))
+        if size == req.fill_len - cached:
+            budget.take(size, size + budget.new_tokens(req) + ps)
+            return True
+        budget.take(size, size)  # truncated: later chunks bring the rest
+        self.chunked = req
+        return False
+
+    def _admitted(self, req: SimReq, kv: ReqKV23, dev: int, loaded: int, host_hit: int) -> None:
+        """``req`` leaves the queue holding ``kv``; its first admission sets what the user sees
+        as cached."""
+        if self.waiting[0] is req:
+            self.waiting.popleft()
+        else:
+            self.waiting.remove(req)
+        if req.device_hit < 0:
+            req.device_hit = dev
+            req.host_hit = loaded
+            req.host_hit_recomputed = host_hit - loaded
+            req.admitted = self.env.now
+        req.kv = kv
+        req.filled = len(kv.kv) * self.p.page_size
