@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import argparse
 import re
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from cli.args import int_at_least, jobs_arg
 from cli.run import REPO_DATA, _load_trace, _write_csv, format_hitrate_table
+from hicache.versions import DEFAULT_SGLANG_VERSION, SGLANG_VERSIONS
 
 
 def register(subparsers: Any) -> None:
@@ -54,8 +55,8 @@ def _add_demo(sub: Any) -> None:
         "--out",
         type=Path,
         default=Path("runs/demo"),
-        help="folder to write runs/, comparison.csv, hitrate.csv, hitrate.png, report.md and "
-        "report.html into (created if missing; default runs/demo)",
+        help="folder to write runs/, comparison.csv, upgrade.csv, hitrate.csv, hitrate.png, "
+        "report.md and report.html into (created if missing; default runs/demo)",
     )
     p.add_argument(
         "--trace",
@@ -74,6 +75,12 @@ def _add_demo(sub: Any) -> None:
         type=int_at_least(1),
         help="replay only the trace's first N requests (default: all; a quicker look)",
     )
+    p.add_argument(
+        "--sglang-version", default=DEFAULT_SGLANG_VERSION, choices=list(SGLANG_VERSIONS),
+        help="the SGLang release of the main runs (sglang.version; default "
+        f"{DEFAULT_SGLANG_VERSION}); the write policies also run under the other release, "
+        "side by side: what upgrading changes",
+    )  # fmt: skip
     p.set_defaults(func=_cmd_demo)
 
 
@@ -82,9 +89,15 @@ def _run_dir_name(setup: str) -> str:
     return re.sub(r"[^A-Za-z0-9.-]+", "_", setup).strip("_")
 
 
-def _overrides(max_requests: int | None) -> list[str]:
+#: The setups that also run under the other SGLang release (the upgrade comparison).
+UPGRADE_SETUPS = ("write_through", "write_through_selective", "write_back")
+#: The two releases the upgrade comparison sets side by side (old, new).
+UPGRADE_PAIR = ("0.5.14", "0.5.23")
+
+
+def _overrides(max_requests: int | None, version: str = DEFAULT_SGLANG_VERSION) -> list[str]:
     """The settings every timed demo run shares."""
-    out = [f"workload.rate_scale={DEMO_RATE_SCALE}"]
+    out = [f"workload.rate_scale={DEMO_RATE_SCALE}", f"sglang.version={version}"]
     if max_requests:
         out.append(f"workload.max_requests={max_requests}")
     return out
@@ -140,26 +153,60 @@ def _csv_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: r.get(k, "") for k in keys} for r in flat]
 
 
-def _demo_timed(args: argparse.Namespace, trace: Any) -> tuple[list[Path], str]:
-    """The timed runs (on the local executor); their run directories and comparison."""
+def _demo_timed(args: argparse.Namespace, trace: Any) -> tuple[list[Path], str, Upgrade]:
+    """The timed runs (on the local executor): the main runs' directories and comparison, and
+    the upgrade comparison (the write policies under both releases)."""
     from studies.sweep.executors import local_workers, map_local
+    from studies.upgrade import format_upgrade, upgrade_html
 
-    shared = _overrides(args.max_requests)
+    main, other = args.sglang_version, _other_version(args.sglang_version)
+    shared = _overrides(args.max_requests, main)
     jobs = [
         (name, [*ov, *shared], str(args.trace), str(args.out / "runs" / _run_dir_name(name)))
         for name, ov in DEMO_SETUPS
+        if main == "0.5.14" or "storage.backend" not in " ".join(ov)  # L3: 0.5.14 only
     ]
+    n_main = len(jobs)
+    for name, ov in DEMO_SETUPS:
+        if name in UPGRADE_SETUPS:
+            run_dir = args.out / "runs" / f"{_run_dir_name(name)}_sglang-{other}"
+            jobs.append((name, [*ov, *_overrides(args.max_requests, other)], str(args.trace),
+                         str(run_dir)))  # fmt: skip
     # the L3 run takes longest: start it first, so that it does not run alone at the end
     order = sorted(range(len(jobs)), key=lambda i: "storage.backend" not in " ".join(jobs[i][1]))
     workers = local_workers(len(jobs), args.jobs)
     n = min(len(trace), args.max_requests or len(trace))
-    print(f"timed runs: {len(jobs)} setups over {n:,} requests ({workers} processes)")
+    print(
+        f"timed runs: {n_main} setups (SGLang {main}) and {len(jobs) - n_main} under SGLang "
+        f"{other}, over {n:,} requests ({workers} processes)"
+    )
     ran = map_local(_demo_run, [jobs[i] for i in order], args.jobs)
     timed = [ran[order.index(i)] for i in range(len(jobs))]
-    comparison = format_comparison(timed)
-    _write_csv(_csv_rows(timed), args.out / "comparison.csv")
+    comparison = format_comparison(timed[:n_main])
+    _write_csv(_csv_rows(timed[:n_main]), args.out / "comparison.csv")
     print(comparison)
-    return [Path(j[3]) for j in jobs], comparison
+    versions = {main: timed[:n_main], other: timed[n_main:]}
+    old, new = (versions[v] for v in UPGRADE_PAIR)
+    old = [r for r in old if r["setup"] in UPGRADE_SETUPS]
+    _write_csv(_csv_rows([*old, *new]), args.out / "upgrade.csv")
+    upgrade = Upgrade(f"What upgrading SGLang {UPGRADE_PAIR[0]} -> {UPGRADE_PAIR[1]} changes",
+                      format_upgrade(old, new), upgrade_html(old, new))  # fmt: skip
+    print(f"\n{upgrade.title} (timed, the same trace and server)\n{upgrade.text}")
+    return [Path(j[3]) for j in jobs[:n_main]], comparison, upgrade
+
+
+@dataclass(frozen=True)
+class Upgrade:
+    """The upgrade comparison: its title, as text and as an HTML fragment."""
+
+    title: str
+    text: str
+    html: str
+
+
+def _other_version(version: str) -> str:
+    """The release the upgrade comparison sets beside ``version``."""
+    return UPGRADE_PAIR[1] if version == UPGRADE_PAIR[0] else UPGRADE_PAIR[0]
 
 
 def _demo_hitrate(args: argparse.Namespace, trace: Any) -> tuple[list[dict[str, Any]], str]:
@@ -193,7 +240,7 @@ def _demo_hitrate(args: argparse.Namespace, trace: Any) -> tuple[list[dict[str, 
     return rows, format_hitrate_table(rows, inf, len(trace))
 
 
-def _demo_markdown(comparison: str, table: str) -> str:
+def _demo_markdown(comparison: str, table: str, upgrade: Upgrade) -> str:
     return (
         "# hicache-sim demo: write policies and an L3 tier on the Mooncake conversation trace\n\n"
         "## Timed simulation\n\n"
@@ -205,6 +252,11 @@ def _demo_markdown(comparison: str, table: str) -> str:
         "tokens); the backend's figures are published ones, not measured by us. Hit rates "
         "split into device / host / L3 storage. Run directories are under `runs/`.\n\n"
         f"```\n{comparison}\n```\n\n"
+        f"## {upgrade.title}\n\n"
+        "The write policies again under the other SGLang release (`sglang.version`), the same "
+        "trace, server and rate; the lines below the table name each big difference and its "
+        "cause in SGLang's code.\n\n"
+        f"```\n{upgrade.text}\n```\n\n"
         "## Hit rate vs device capacity (cache-only replay)\n\n"
         "Each request matched, loaded back and inserted one at a time (no timing). The "
         "`+ L3 (unlimited)` rows put an unbounded L3 store behind write_through, its I/O "
@@ -222,21 +274,25 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     trace = _load_trace(args.trace)
     if args.max_requests:
         trace = replace(trace, requests=trace.requests[: args.max_requests])
-    run_dirs, comparison = _demo_timed(args, trace)
+    run_dirs, comparison, upgrade = _demo_timed(args, trace)
     print(f"\ncache-only replay: hit rate vs device capacity (page {DEMO_PAGE}, LRU)")
     rows, table = _demo_hitrate(args, trace)
     print(table)
     note = write_back_ignores_hit_counts(rows)
     if note:
         print(f"note: {note}")
-    write_text_atomic(_demo_markdown(comparison, table), args.out / "report.md")
+    write_text_atomic(_demo_markdown(comparison, table, upgrade), args.out / "report.md")
     html = build_report(
         run_dirs,
         args.out / "report.html",
         hitrate_rows=rows,
         hitrate_title=f"{args.trace.name} (page {DEMO_PAGE}, LRU, host pool 2 × device)",
+        sections=[("sglang-upgrade", upgrade.title, upgrade.html)],
     )
-    print(f"\nreport: {html}  (also report.md, comparison.csv, hitrate.csv, hitrate.png, runs/)")
+    print(
+        f"\nreport: {html}  (also report.md, comparison.csv, upgrade.csv, hitrate.csv, "
+        "hitrate.png, runs/)"
+    )
     return 0
 
 

@@ -394,6 +394,7 @@ def run_simulation(
     duration = engine.run()
     frames = engine.frames(take=True)
     summary = summarize(frames, duration, time.perf_counter() - t0)
+    summary["sglang_version"] = cfg.sglang.version
     summary.update(storage_summary(engine, frames))
     if cfg.cluster.instances > 1:
         summary.update(fleet_summary(frames, duration, cfg.router.policy))

@@ -84,3 +84,25 @@ def test_report_shows_three_tiers_l3_traffic_and_defects(demo: tuple[Path, str])
     assert any(r["storage"] and r["storage_hit_rate"] > 0 for r in study)
     md = (out / "report.md").read_text()
     assert "storage.backend=mooncake" in md and "L3 (unlimited)" in md
+
+
+def test_upgrade_part_sets_both_sglang_releases_side_by_side(demo: tuple[Path, str]) -> None:
+    """The write policies run under 0.5.14 and 0.5.23: upgrade.csv pairs them, and the
+    terminal, report.md and report.html show the table and its difference lines."""
+    out, stdout = demo
+    df = pd.read_csv(out / "upgrade.csv", dtype={"sglang_version": str})
+    policies = ["write_through", "write_through_selective", "write_back"]
+    assert list(df["setup"]) == policies * 2
+    assert list(df["sglang_version"]) == ["0.5.14"] * 3 + ["0.5.23"] * 3
+    assert (df["requests"] == 400).all()
+    for p in policies:
+        assert (out / "runs" / f"{p}_sglang-0.5.23" / "summary.json").is_file()
+    title = "What upgrading SGLang 0.5.14 -> 0.5.23 changes"
+    assert title in stdout and title in (out / "report.md").read_text(encoding="utf-8")
+    html = (out / "report.html").read_text(encoding="utf-8")
+    assert 'id="sglang-upgrade"' in html and 'href="#sglang-upgrade"' in html
+    new = df[df["sglang_version"] == "0.5.23"].set_index("setup")
+    old = df[df["sglang_version"] == "0.5.14"].set_index("setup")
+    sel = "write_through_selective"
+    if abs(new.loc[sel, "host_hit_rate"] - old.loc[sel, "host_hit_rate"]) >= 0.005:
+        assert f"{sel}: host hit rate {old.loc[sel, 'host_hit_rate']:.2%} (0.5.14)" in stdout

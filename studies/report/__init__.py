@@ -91,6 +91,7 @@ def build_report(
     pdf: bool = False,
     hitrate_rows: Sequence[dict[str, Any]] | None = None,
     hitrate_title: str | None = None,
+    sections: Sequence[tuple[str, str, str]] = (),
 ) -> Path:
     """Write the HTML report of ``dirs`` (run and/or sweep directories) to ``out`` and, with
     ``pdf``, the same figures as ``out`` with suffix ``.pdf``. Returns ``out``.
@@ -98,7 +99,9 @@ def build_report(
     ``hitrate_rows``: rows of a cache-only hit-rate study (:func:`studies.sweep.
     run_hitrate_grid`, optionally with ``infinite_capacity_hit_rate`` and a ``policy`` label
     each), shown after the hit-rate figure as hit rate vs device capacity with its table;
-    ``hitrate_title`` titles its plot. Same inputs give byte-identical files. Raises
+    ``hitrate_title`` titles its plot. ``sections``: ``(id, title, HTML body)`` of more
+    sections, shown after the figures (the demo's upgrade comparison). Same inputs give
+    byte-identical files. Raises
     ``ValueError`` (one line) for unusable inputs."""
     data = load_runs(dirs)
     names = [s.name for s in data.sweeps]
@@ -107,7 +110,7 @@ def build_report(
     if hitrate_rows:
         study = hitrate_study(list(hitrate_rows), hitrate_title, series_colors(data))
         figures.insert(1, study)
-    write_text_atomic(render_html(data, figures, title), out)
+    write_text_atomic(render_html(data, figures, title, sections), out)
     if pdf:
         write_pdf(data, figures, title, out.with_suffix(".pdf"))
     return out

@@ -279,11 +279,19 @@ def _clean(x: Any) -> Any:
     return x
 
 
-def render_html(data: ReportData, figures: Sequence[ReportFigure], title: str) -> str:
-    """The report as one HTML document (no external resources)."""
+def render_html(
+    data: ReportData,
+    figures: Sequence[ReportFigure],
+    title: str,
+    extra: Sequence[tuple[str, str, str]] = (),
+) -> str:
+    """The report as one HTML document (no external resources); ``extra``: ``(id, title, HTML
+    body)`` of sections placed after the figures."""
     from hicache import __version__
 
     nav = " ".join(f'<a href="#{f.id}">{html.escape(f.title)}</a>' for f in figures)
+    for sid, stitle, _ in extra:
+        nav += f' <a href="#{sid}">{html.escape(stitle)}</a>'
     defects = _defects_html(data)
     if defects is not None:
         nav += f' <a href="#sglang-defects">{html.escape(DEFECTS_TITLE)}</a>'
@@ -299,6 +307,8 @@ def render_html(data: ReportData, figures: Sequence[ReportFigure], title: str) -
             f'<div class="numbers">{_numbers_html(f.numbers)}</div></div>'
             f"{_json_script(f.id, f.data)}</section>"
         )
+    for sid, stitle, body_html in extra:
+        sections.append(f'<section id="{sid}"><h2>{html.escape(stitle)}</h2>{body_html}</section>')
     sweeps = _sweeps_html(data)
     versions = ", ".join(sorted({str(r.conf.get("version", "?")) for r in data.runs}))
     body = [
