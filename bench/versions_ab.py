@@ -1,9 +1,11 @@
-"""Cache-only replay cost per SGLang version, measured in one run (issue 24: 0.5.23 within 1.3x).
+"""Cost per SGLang version, measured in one run (issue 24: 0.5.23 within 1.3x of 0.5.14).
 
-    python bench/versions_ab.py [TRACE] [--repeat 3]
+    python bench/versions_ab.py [TRACE] [--repeat 3] [--timed] [--max-requests N]
 
-Medians of ``--repeat`` runs per version, alternating, on one trace at 1 M : 4 M tokens, page 64,
-LRU, for each write policy; prints seconds and the 0.5.23 / 0.5.14 ratio.
+Medians of ``--repeat`` runs per version, alternating, for each write policy; prints seconds and
+the 0.5.23 / 0.5.14 ratio. Cache-only (default): the replay at 1 M : 4 M tokens, page 64, LRU.
+``--timed``: ``run_simulation`` with the defaults (llama-3-8b, h100-sxm, page 64) at the demo's
+rate (0.25 x the trace's), the trace read excluded.
 """
 
 from __future__ import annotations
@@ -20,7 +22,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("trace", nargs="?", default="traces/data/mooncake/synthetic_trace.jsonl")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--timed", action="store_true", help="time run_simulation, not the replay")
+    ap.add_argument("--max-requests", type=int, default=0)
     args = ap.parse_args()
+    if args.timed:
+        timed(args)
+        return
     reqs = requests_for(read_trace(args.trace), 64)
     for wp in ("write_through", "write_through_selective", "write_back"):
         times: dict[str, list[float]] = {"0.5.14": [], "0.5.23": []}
@@ -33,6 +40,27 @@ def main() -> None:
                 times[v].append(time.perf_counter() - t0)
         a, b = statistics.median(times["0.5.14"]), statistics.median(times["0.5.23"])
         print(f"{wp:>24}  0.5.14 {a:6.2f} s   0.5.23 {b:6.2f} s   ratio {b / a:4.2f}")
+
+
+def timed(args: argparse.Namespace) -> None:
+    from hicache.config import load_config
+    from sim.engine import run_simulation
+
+    trace = read_trace(args.trace)
+    for wp in ("write_through", "write_through_selective", "write_back"):
+        times: dict[str, list[float]] = {"0.5.14": [], "0.5.23": []}
+        for _ in range(args.repeat):
+            for v in times:
+                sets = [f"cache.write_policy={wp}", f"sglang.version={v}",
+                        "workload.rate_scale=0.25"]  # fmt: skip
+                if args.max_requests:
+                    sets.append(f"workload.max_requests={args.max_requests}")
+                cfg = load_config(None, sets)
+                t0 = time.perf_counter()
+                run_simulation(cfg, trace, None, progress=False)
+                times[v].append(time.perf_counter() - t0)
+        a, b = statistics.median(times["0.5.14"]), statistics.median(times["0.5.23"])
+        print(f"{wp:>24}  0.5.14 {a:6.2f} s   0.5.23 {b:6.2f} s   ratio {b / a:4.2f}", flush=True)
 
 
 if __name__ == "__main__":

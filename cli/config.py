@@ -109,6 +109,12 @@ def resolve_config(args: argparse.Namespace, extra: Sequence[tuple[str, str]] = 
         raise UserError(str(e)) from None
     notes = [f"note: --sglang-args: ignored {flag}: {why}" for flag, why in mapped.ignored]
     notes += [f"note: --sglang-args: {text}" for text in mapped.notes]
+    from hicache.config import auto_size, resolve_pools
+
+    device, _, bpt = resolve_pools(cfg)
+    sized = auto_size(cfg, device, bpt)
+    if sized is not None and sized.shrunk:
+        notes.append(f"note: {sized.describe()}")
     problem = profile_mismatch(cfg)
     if problem:  # allowed, or the config would have been refused
         notes.append(

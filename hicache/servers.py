@@ -32,6 +32,7 @@ class ServerSpec:
     beyond the GPU's own link). ``sockets``: CPU sockets, the GPUs split evenly between them.
     ``socket_mem_Bps``: DRAM bandwidth of one socket that host<->device copies can use, both
     directions together (``inf`` = not a limit). ``source``: where the figures come from.
+    ``dram_bytes``: the server's system memory.
     """
 
     name: str
@@ -41,6 +42,9 @@ class ServerSpec:
     sockets: int
     socket_mem_Bps: float
     source: str
+    dram_bytes: float = math.inf
+    """System memory of the whole server (``inf``: not a limit, the ``single`` assumption).
+    SGLang 0.5.21+ sizes its default host pool from what is free of it (``hicache.pools``)."""
 
     def __post_init__(self) -> None:
         if self.gpus < 1 or self.gpus_per_uplink < 1 or self.sockets < 1:
@@ -89,6 +93,10 @@ _ROME_Bps = 8 * 3200e6 * 8
 #: can use (STREAM-class copies reach ~70-80 % of theoretical on these parts)
 _USABLE_DRAM = 0.75
 
+#: DGX H100 / H200 system memory: 32 x 64 GB DDR5 DIMMs = 2 TB (DGX BasePOD RA "Core
+#: Components"; the DGX H100 datasheet's "System Memory 2TB")
+_DGX_H100_DRAM = 32 * 64 * 1024**3
+
 _DGX_H100_SOURCE = (
     "DGX H100 User Guide 1.2.3 'Network Modules' (Table 6): CPU 0 serves GPUs 0-3 and CPU 1 "
     "GPUs 4-7, each GPU paired with one ConnectX-7 whose integrated PCIe Gen5 switch it sits "
@@ -136,6 +144,7 @@ SERVERS: dict[str, ServerSpec] = {
             sockets=2,
             socket_mem_Bps=_SPR_2DPC_Bps * _USABLE_DRAM,
             source=_DGX_H100_SOURCE,
+            dram_bytes=_DGX_H100_DRAM,
         ),
         ServerSpec(
             name="dgx-h200",
@@ -147,6 +156,7 @@ SERVERS: dict[str, ServerSpec] = {
             source="the DGX H100 design with H200 GPUs (MLPerf Inference v4.1 NVIDIA "
             "H200-SXM-141GBx8 system JSON: dual 8480C, 32x 64 GB, PCIe Gen5 x16 per GPU). "
             + _DGX_H100_SOURCE,
+            dram_bytes=_DGX_H100_DRAM,
         ),
         ServerSpec(
             name="dgx-a100",
@@ -160,8 +170,10 @@ SERVERS: dict[str, ServerSpec] = {
                 "uplink to the CPU (DGX A100 system architecture; `nvidia-smi topo -m` on A100 "
                 "boards shows PXB GPU pairs, NVIDIA/nvbandwidth issue #53); 2x AMD EPYC 7742, "
                 "8 DDR4-3200 channels per socket. uplink 25 GB/s per direction = the Gen4 x16 "
-                "pinned-copy figure of HARDWARE.md C2; [model] 75 % of DRAM usable for copies"
+                "pinned-copy figure of HARDWARE.md C2; [model] 75 % of DRAM usable for copies; "
+                "1 TB system memory (DGX A100 datasheet, the 320 GB system; 640 GB: 2 TB)"
             ),
+            dram_bytes=1024**4,
         ),
         ServerSpec(
             name="hgx-h100-paired",
@@ -173,8 +185,9 @@ SERVERS: dict[str, ServerSpec] = {
             source=(
                 "[model] what-if, no Hopper source: the DGX A100 wiring (two GPUs behind one "
                 "switch uplink) with Gen5 parts, for boards that pair GPUs behind a switch; "
-                "uplink 53 GB/s = HARDWARE.md C2's large-copy Gen5 x16 figure"
+                "uplink 53 GB/s = HARDWARE.md C2's large-copy Gen5 x16 figure; DRAM as DGX H100"
             ),
+            dram_bytes=_DGX_H100_DRAM,
         ),
     )
 }

@@ -145,6 +145,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag(("--hicache-ratio",), "cache.hicache_ratio", _float),
     Flag(("--hicache-size",), "cache.hicache_size_gb", _float,
          "GB per rank; > 0 wins over the ratio"),
+    Flag(("--hicache-host-memory-fraction",), "cache.hicache_host_memory_fraction", _float,
+         "0.5.21+: the share of free host RAM the default host pool may take"),
     Flag(("--hicache-write-policy",), "cache.write_policy", _text),
     Flag(("--hicache-io-backend",), "link.io_backend", _text),
     Flag(("--hicache-mem-layout",), "link.mem_layout", _text),
@@ -163,6 +165,9 @@ FLAGS: tuple[Flag, ...] = (
     Flag(("--hicache-storage-backend-prefetch-threshold",), "storage.prefetch_threshold", _int,
          "older releases' flag; 0.5.14 reads extra-config prefetch_threshold"),
 )  # fmt: skip
+
+#: SGLang 0.5.19+'s host mode: ``cache`` (the default, modelled) or ``buffer_only`` (not).
+HOST_MODE_FLAG = "--hicache-host-memory-mode"
 
 #: A flag whose JSON value sets several keys (see :func:`extra_config_overrides`).
 EXTRA_CONFIG_FLAG = "--hicache-storage-backend-extra-config"
@@ -338,6 +343,14 @@ def parse_sglang_args(args: str | Sequence[str], page_size: int | None = None) -
                 values[key] = (text, shown)
             out.notes += notes
             continue
+        if name == HOST_MODE_FLAG:
+            if value != "cache":
+                raise ValueError(
+                    f"{shown}: only the default host mode, cache, is modelled (buffer_only, "
+                    "SGLang 0.5.19+, stages host RAM for L3 and is not)"
+                )
+            out.ignored.append((shown, "the default host mode"))
+            continue
         if flag is None:
             out.ignored.append((shown, IGNORED.get(name, "unknown to hicache-sim")))
             continue
@@ -421,9 +434,19 @@ def sglang_flags(cfg: Any) -> tuple[list[str], list[str], list[str]]:
             f"own, add --max-total-tokens {device} to pin it)"
         )
     if c.enable_host:
-        flags += ["--enable-hierarchical-cache", "--hicache-ratio", _num(c.hicache_ratio)]
+        flags += ["--enable-hierarchical-cache"]
+        if c.hicache_ratio > 0:
+            flags += ["--hicache-ratio", _num(c.hicache_ratio)]
+        if cfg.sglang.version != "0.5.14" and c.hicache_host_memory_fraction != 0.8:
+            flags += ["--hicache-host-memory-fraction", _num(c.hicache_host_memory_fraction)]
         if c.hicache_size_gb > 0:
             flags += ["--hicache-size", _num(c.hicache_size_gb)]
+        from hicache.config import auto_size, resolve_pools
+
+        device, _, bpt = resolve_pools(cfg)
+        sized = auto_size(cfg, device, bpt)
+        if sized is not None:
+            comments.append(sized.describe())
         flags += [
             "--hicache-write-policy", c.write_policy,
             "--hicache-io-backend", lk.io_backend,

@@ -12,7 +12,7 @@ SGLANG_VERSIONS: dict[str, tuple[str, str]] = {
     "0.5.14": (
         "hicache.policy.hiradix.HiRadixCache",
         "HiRadixCache (SGLang <= 0.5.18): the cache this tool was first built against; the "
-        "only version with the L3 tier, the timed scheduler and replay so far",
+        "only version with the L3 tier and replay so far",
     ),
     "0.5.23": (
         "hicache.policy.v0523.UnifiedRadixCache",
@@ -21,12 +21,15 @@ SGLANG_VERSIONS: dict[str, tuple[str, str]] = {
         "(write_through_selective backs up far less); finished requests split at the prompt "
         "boundary; write_back backs up and demotes one victim at a time, drops the subtree when "
         "the host is full and reclaims host duplicates first; load_back locks the whole chain; "
-        "device->host writes are merged per scheduler step. Cache-only (hitrate) for now",
+        "device->host writes are merged per scheduler step; admission picks whole, chunk or "
+        "wait before loading back, and touches the waiting queue's prefixes every 32 passes "
+        "under lru. hitrate, run, sweep, plan and demo; no L3 tier and no replay yet",
     ),
 }
 
-#: The version a run uses when none is given. Still 0.5.14 while 0.5.23 covers only the
-#: cache-only replay (issue 24); it becomes the newest once the timed path runs it too.
+#: The version a run uses when none is given. Still 0.5.14 while 0.5.23 has no L3 tier (and
+#: replay drives 0.5.14 only): a default that refused the L3 studies and replay would break
+#: them; it becomes the newest once 0.5.23's L3 prefetch path is modelled (issue 24).
 DEFAULT_SGLANG_VERSION = "0.5.14"
 
 

@@ -60,7 +60,7 @@ def test_config_keys_lists_every_field_with_its_default_and_meaning() -> None:
     assert len(docs) == sum(len(dataclasses.fields(c)) for c in SECTIONS.values())
     assert all(d.doc for d in docs), [d.dotted for d in docs if not d.doc]
     # the SGLang flag that sets a key is named beside it
-    assert "cache.hicache_ratio = 2.0  (float; SGLang --hicache-ratio)" in out
+    assert "cache.hicache_ratio = 0.0  (float; SGLang --hicache-ratio)" in out
     assert "[choices: write_through, write_through_selective, write_back]" in out.replace(
         "\n      ", " "
     )

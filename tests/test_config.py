@@ -17,6 +17,7 @@ from hicache.config import (
     CacheConfig,
     ConfigError,
     SimConfig,
+    auto_size,
     config_from_dict,
     config_to_dict,
     load_config,
@@ -45,12 +46,14 @@ def test_defaults_load_without_a_file() -> None:
         "page_first",
     )
     c = cfg.cache
+    # hicache_ratio 0: not given, SGLang's default (2.0; 0.5.23 may shrink it to fit DRAM)
     assert (c.page_size, c.write_policy, c.eviction, c.hicache_ratio) == (
         64,
         "write_through",
         "lru",
-        2.0,
+        0.0,
     )
+    assert c.hicache_host_memory_fraction == 0.8
     assert (c.hicache_size_gb, c.enable_host, c.load_back_threshold) == (0.0, True, 10)
     s = cfg.scheduler
     assert (s.policy, s.chunked_prefill_size, s.max_prefill_tokens) == ("fcfs", 8192, 16384)
@@ -216,7 +219,9 @@ def test_missing_file() -> None:
         ("cache.write_policy=write_around", "cache.write_policy", "write_through_selective"),
         ("cache.eviction=random", "cache.eviction", "lru"),
         ("cache.hicache_ratio=1", "cache.hicache_ratio", "must be > 1"),
-        ("cache.hicache_ratio=0", "cache.hicache_ratio", "must be > 0"),
+        ("cache.hicache_ratio=-1", "cache.hicache_ratio", "must be >= 0"),
+        ("cache.hicache_host_memory_fraction=0", "cache.hicache_host_memory_fraction", "0.01"),
+        ("gpu.host_memory_gb=-1", "gpu.host_memory_gb", ">= 0"),
         ("cache.hicache_size_gb=-1", "cache.hicache_size_gb", ">= 0"),
         ("cache.hicache_size_gb=1", "cache.hicache_size_gb", "must be larger than the device"),
         ("cache.load_back_threshold=-1", "cache.load_back_threshold", ">= 0"),
@@ -418,3 +423,49 @@ def test_an_unreadable_profile_is_left_to_the_loader(tmp_path: Path) -> None:
     bad.write_bytes(b"\xff\x00")
     cfg = load_config(None, [f"run.profile={bad}"])  # reading it reports the problem later
     assert profile_mismatch(cfg) is None
+
+
+# --- SGLang 0.5.23's host pool auto-sizing (hicache.config.pools) ---------------------------
+
+
+def test_0523_shrinks_the_default_host_pool_to_the_free_host_memory() -> None:
+    """Llama-3-8B (131,072 B/token per rank), 640,000 device tokens = 83.9 GB; 100 GB free:
+    budget (100e9 - 10 GiB) x 0.8 = 71.4 GB, ratio 71.4 x 0.95 / 83.9 = 0.809 -- a host pool
+    smaller than the device pool, which 0.5.23 allows; 0.5.14 keeps 2 x device + 1 page."""
+    base = ["gpu.device_tokens=640000", "gpu.host_memory_gb=100"]
+    old = resolve_pools(load_config(None, base))
+    cfg = load_config(None, [*base, "sglang.version=0.5.23"])
+    new = resolve_pools(cfg)
+    assert old[1] == 1_280_064
+    assert abs(new[1] / 640_000 - 0.8087) < 1e-3 and new[1] < new[0]
+    sized = auto_size(cfg, new[0], new[2])
+    assert sized is not None and sized.shrunk and sized.ranks == 1
+    assert "instead of 2" in sized.describe()
+
+
+def test_0523_auto_size_applies_only_without_a_ratio_or_size() -> None:
+    base = ["gpu.device_tokens=640000", "gpu.host_memory_gb=100", "sglang.version=0.5.23"]
+    for given in ("cache.hicache_ratio=2", "cache.hicache_size_gb=200"):
+        cfg = load_config(None, [*base, given])
+        d, h, b = resolve_pools(cfg)
+        assert auto_size(cfg, d, b) is None and h > 1_000_000
+    # a server preset without a DRAM figure: nothing to fit, the default ratio
+    cfg = load_config(None, ["gpu.device_tokens=640000", "gpu.server=single",
+                             "sglang.version=0.5.23"])  # fmt: skip
+    assert resolve_pools(cfg)[1] == 1_280_064
+
+
+def test_0523_auto_size_divides_the_server_among_its_instances_and_ranks() -> None:
+    """dgx-h200 (2 TiB): 8 instances of TP1 get 275 GB each; 4 of TP2 get 550 GB for 2
+    ranks, the same per rank."""
+    for tp in (1, 2):
+        cfg = load_config(None, ["gpu.name=h200", f"model.tp={tp}", "sglang.version=0.5.23"])
+        d, _, b = resolve_pools(cfg)
+        sized = auto_size(cfg, d, b)
+        assert sized is not None and sized.ranks == tp
+        assert sized.free_bytes == 2 * 1024**4 / (8 // tp)
+
+
+def test_0523_no_host_memory_left_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"gpu\.host_memory_gb: .*10 GiB reserve"):
+        load_config(None, ["gpu.host_memory_gb=10", "sglang.version=0.5.23"])

@@ -28,6 +28,7 @@ from hicache.config.loading import (
     load_config,
     with_overrides,
 )
+from hicache.config.pools import auto_size, resolve_pools
 from hicache.config.sections import (
     CLOSED_LOOP_MODES,
     IO_BACKENDS,
@@ -51,7 +52,6 @@ from hicache.config.sections import (
     StorageConfig,
     WorkloadConfig,
     profile_mismatch,
-    resolve_pools,
     server_for,
 )
 
@@ -77,6 +77,7 @@ __all__ = [
     "SimConfig",
     "StorageConfig",
     "WorkloadConfig",
+    "auto_size",
     "config_from_dict",
     "config_to_dict",
     "load_config",

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 from hicache import hardware
 from hicache.latency import shipped_profile_path, shipped_profiles
-from hicache.policy import STRATEGIES, WRITE_POLICIES, host_pool_tokens
+from hicache.policy import STRATEGIES, WRITE_POLICIES
 from hicache.policy.storage import PREFETCH_POLICIES
 from hicache.profile import machine_mismatch
 from hicache.servers import DEFAULT_SERVER, ServerSpec, get_server, rank_link_share
@@ -33,6 +33,9 @@ OUTPUT_MODES = ("cache", "skip")
 #: ``cache.eviction`` names: SGLang 0.5.14's strategies, and ``tlru`` (0.5.21+, so
 #: ``sglang.version`` 0.5.23 only; checked across sections by :class:`SimConfig`).
 EVICTION_CHOICES = (*STRATEGIES, "tlru")
+#: SGLang's --hicache-ratio when none is given (0.5.14 pool_host/base.py; 0.5.23
+#: hicache_hook.py:100-126 resolves None to it in the default host mode).
+DEFAULT_HICACHE_RATIO = 2.0
 #: The most pages a pool may have: the policy core keeps a free list per pool (about 40 B a
 #: page), so a pool beyond this is a typo (1e12 tokens) rather than a study, and would exhaust
 #: memory instead of giving an error. A real pool at page size 1 is ~10^6 pages.
@@ -148,6 +151,11 @@ class GpuConfig:
     # the machine the GPUs sit in: how tensor-parallel ranks share PCIe uplinks and socket
     # memory when they copy at once; "" = the GPU's usual server (dgx-h100 for h100-sxm)
     server: str = ""
+    # GB (1e9 B) of host RAM free for this instance (all its ranks) when SGLang starts, which
+    # 0.5.23 sizes its default host pool from; 0 = the server's DRAM split evenly among the
+    # instances that fill it (its GPUs / model.tp) [estimate: SGLang reads psutil's free
+    # memory at start-up, which depends on what else runs and started first]
+    host_memory_gb: float = 0.0
 
     def __post_init__(self) -> None:
         _preset("gpu.name", hardware.get_gpu, self.name)
@@ -156,6 +164,7 @@ class GpuConfig:
         _in_unit("gpu.mem_fraction", self.mem_fraction)
         _at_least("gpu.reserve_gb", self.reserve_gb, 0)
         _at_least("gpu.device_tokens", self.device_tokens, 0)
+        _at_least("gpu.host_memory_gb", self.host_memory_gb, 0)
 
 
 @dataclass(frozen=True)
@@ -208,10 +217,16 @@ class CacheConfig:
     write_policy: str = "write_through"
     # SGLang's --radix-eviction-policy default
     eviction: str = "lru"
-    # SGLang's --hicache-ratio default: host pool = 2 x device pool
-    hicache_ratio: float = 2.0
+    # SGLang's --hicache-ratio (host pool = ratio x device pool); 0 = not given: SGLang's
+    # default, 2.0, which 0.5.23 shrinks to fit the server's free DRAM
+    # (cache.hicache_host_memory_fraction)
+    hicache_ratio: float = 0.0
     # SGLang's --hicache-size default: 0 = size by ratio; > 0 = GB (1e9 B) per rank, wins
     hicache_size_gb: float = 0.0
+    # SGLang 0.5.21+'s --hicache-host-memory-fraction default: with neither ratio nor size
+    # given, the host pool takes at most this share of the free DRAM (after a 10 GiB reserve)
+    # per rank, and never more than 2 x device; 0.5.14 has no such cap
+    hicache_host_memory_fraction: float = 0.8
     # the host tier is what is being studied; False = plain RadixCache, the baseline
     enable_host: bool = True
     # hard-coded in SGLang 0.5.14 (POLICY_CORE.md §4.3): shorter host hits are recomputed
@@ -221,7 +236,10 @@ class CacheConfig:
         _at_least("cache.page_size", self.page_size, 1)
         _choice("cache.write_policy", self.write_policy, WRITE_POLICIES)
         _choice("cache.eviction", self.eviction, EVICTION_CHOICES)
-        _positive("cache.hicache_ratio", self.hicache_ratio)
+        _at_least("cache.hicache_ratio", self.hicache_ratio, 0)
+        if self.hicache_ratio > 0 and not self.hicache_ratio > 0:
+            raise ConfigError("cache.hicache_ratio", f"must be > 0, got {self.hicache_ratio:g}")
+        _between("cache.hicache_host_memory_fraction", self.hicache_host_memory_fraction, 0.01, 1.0)
         _at_least("cache.hicache_size_gb", self.hicache_size_gb, 0)
         _at_least("cache.load_back_threshold", self.load_back_threshold, 0)
 
@@ -570,6 +588,8 @@ class SimConfig:
                 "replay bench + calibrate there), or use it anyway with "
                 "--allow-profile-mismatch (run.allow_profile_mismatch = true)",
             )
+        from hicache.config.pools import resolve_pools
+
         resolve_pools(self)
 
 
@@ -582,11 +602,12 @@ def _check_version_sections(cfg: SimConfig) -> None:
                 "cache.eviction",
                 'tlru is SGLang\'s since 0.5.21: set sglang.version = "0.5.23" to use it',
             )
-        if c.enable_host and c.hicache_size_gb == 0 and not c.hicache_ratio > 1:
+        ratio = c.hicache_ratio or DEFAULT_HICACHE_RATIO
+        if c.enable_host and c.hicache_size_gb == 0 and not ratio > 1:
             raise ConfigError(
                 "cache.hicache_ratio",
                 f"must be > 1 when the host tier sizes by ratio (SGLang 0.5.14 needs a host pool "
-                f"larger than the device pool), got {c.hicache_ratio:g}",
+                f"larger than the device pool), got {ratio:g}",
             )
         return
     if cfg.storage.enabled:
@@ -617,67 +638,3 @@ def profile_mismatch(cfg: SimConfig) -> str | None:
     if not isinstance(prov, dict):
         return None
     return machine_mismatch(prov, cfg.gpu.name)
-
-
-# --- pools -----------------------------------------------------------------------------------
-
-
-def resolve_pools(cfg: SimConfig) -> tuple[int, int, int]:
-    """``(device_tokens, host_tokens, kv_bytes_per_token)`` for ``cfg``.
-
-    Device: ``gpu.device_tokens`` when set, else :func:`hicache.hardware.device_pool_tokens`
-    (HBM x mem_fraction - weights - reserve) rounded down to a page multiple. Host: 0 without a
-    host tier, else SGLang's ``HostKVCache`` sizing (:func:`hicache.policy.host_pool_tokens`: ratio
-    or GB, always one extra page, must exceed the device pool). Bytes are per rank. Raises
-    :class:`ConfigError` when a pool cannot be sized.
-    """
-    model = cfg.model.spec
-    tp = cfg.model.tp
-    bpt = hardware.kv_bytes_per_token(model, tp)
-    page = cfg.cache.page_size
-    if cfg.gpu.device_tokens:
-        device = cfg.gpu.device_tokens
-    else:
-        try:
-            raw = hardware.device_pool_tokens(
-                model,
-                hardware.get_gpu(cfg.gpu.name),
-                tp,
-                cfg.gpu.mem_fraction,
-                cfg.gpu.reserve_gb * 1e9,
-            )
-        except ValueError as e:
-            raise ConfigError("gpu.device_tokens", f"derived from HBM: {e}") from None
-        device = raw // page * page
-        if device <= 0:
-            raise ConfigError(
-                "gpu.device_tokens",
-                f"derived from HBM: {raw} tokens is less than one page ({page})",
-            )
-    _max_pages("gpu.device_tokens", device, page)
-    if not cfg.cache.enable_host:
-        return device, 0, bpt
-    by_size = cfg.cache.hicache_size_gb > 0
-    try:
-        host = host_pool_tokens(
-            device,
-            page,
-            hicache_ratio=cfg.cache.hicache_ratio,
-            hicache_size_gb=cfg.cache.hicache_size_gb,
-            bytes_per_token=bpt,
-            must_exceed_device=cfg.sglang.version == "0.5.14",
-        )
-    except ValueError as e:
-        where = "cache.hicache_size_gb" if by_size else "cache.hicache_ratio"
-        raise ConfigError(where, str(e)) from None
-    _max_pages("cache.hicache_size_gb" if by_size else "cache.hicache_ratio", host, page)
-    return device, host, bpt
-
-
-def _max_pages(where: str, tokens: int, page: int) -> None:
-    if tokens // page > MAX_POOL_PAGES:
-        raise ConfigError(
-            where,
-            f"a pool of {tokens // page:,} pages ({tokens:,} tokens) is more than the simulator "
-            f"holds ({MAX_POOL_PAGES:,} pages); use a larger cache.page_size or a smaller pool",
-        )

@@ -1,0 +1,173 @@
+"""Sizing the KV pools of a config: the device pool from HBM (or given), the host pool as the
+SGLang version sizes it (0.5.14: ratio or GB; 0.5.23: the same, or -- with neither given --
+auto-sized to the server's free DRAM, ``--hicache-host-memory-fraction``)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from hicache import hardware
+from hicache.config.sections import (
+    DEFAULT_HICACHE_RATIO,
+    MAX_POOL_PAGES,
+    ConfigError,
+    server_for,
+)
+from hicache.policy import host_pool_tokens
+
+if TYPE_CHECKING:
+    from hicache.config.sections import SimConfig
+
+#: Host RAM SGLang leaves free before sizing HiCache pools (``HICACHE_HOST_MEMORY_RESERVE_BYTES``,
+#: 0.5.23 pool_host/base.py:28).
+HOST_MEMORY_RESERVE_BYTES = 10 * 1024**3
+#: The share of the budget the device bytes may take (``_ALLOCATION_SLACK_FRACTION`` 0.05:
+#: page rounding, metadata and staging buffers; 0.5.23 hicache_auto_size.py).
+ALLOCATION_SLACK = 0.05
+
+
+@dataclass(frozen=True)
+class AutoSize:
+    """How 0.5.23 auto-sized a host pool: the ratio it chose, the per-rank budget it had, the
+    free host memory of the instance and its ranks on the host."""
+
+    ratio: float
+    budget_bytes: int
+    free_bytes: float
+    ranks: int
+
+    @property
+    def shrunk(self) -> bool:
+        """True when the default ratio did not fit and the pool was made smaller."""
+        return self.ratio < DEFAULT_HICACHE_RATIO
+
+    def describe(self) -> str:
+        budget = (
+            f"{self.budget_bytes / 1e9:,.1f} GB per rank of {self.free_bytes / 1e9:,.0f} GB free "
+            f"host memory for {self.ranks} rank(s)"
+        )
+        if not self.shrunk:
+            return f"host pool: the default ratio {DEFAULT_HICACHE_RATIO:g} fits ({budget})"
+        return (
+            f"host pool auto-sized by SGLang 0.5.23 (--hicache-host-memory-fraction): ratio "
+            f"{self.ratio:.3f} of the device pool instead of {DEFAULT_HICACHE_RATIO:g} "
+            f"({budget}; gpu.host_memory_gb sets the free memory)"
+        )
+
+
+def instance_host_memory(cfg: SimConfig) -> float:
+    """Bytes of host RAM free for one instance when SGLang starts: ``gpu.host_memory_gb``, else
+    the server's DRAM split evenly among the instances filling it (``inf`` for a server preset
+    without a DRAM figure)."""
+    if cfg.gpu.host_memory_gb > 0:
+        return cfg.gpu.host_memory_gb * 1e9
+    server = server_for(cfg)
+    if not math.isfinite(server.dram_bytes):
+        return math.inf
+    return server.dram_bytes / max(1, server.gpus // cfg.model.tp)
+
+
+def auto_size(cfg: SimConfig, device_tokens: int, bytes_per_token: int) -> AutoSize | None:
+    """0.5.23's ``auto_size_hicache`` for ``cfg``, or None where it does not apply (0.5.14, a
+    ratio or size given, no host tier, a server without a DRAM figure). Per rank: budget =
+    (free - 10 GiB) / ranks x fraction; ratio = min(2, budget x 0.95 / device bytes). Raises
+    :class:`ConfigError` when no memory is left (SGLang refuses to start)."""
+    c = cfg.cache
+    if (
+        cfg.sglang.version == "0.5.14"
+        or not c.enable_host
+        or c.hicache_ratio > 0
+        or c.hicache_size_gb > 0
+    ):
+        return None
+    free = instance_host_memory(cfg)
+    if not math.isfinite(free):
+        return None
+    ranks = cfg.model.tp  # one instance on one host: its launch ranks
+    budget = int((int(free) - HOST_MEMORY_RESERVE_BYTES) // ranks * c.hicache_host_memory_fraction)
+    device_bytes = device_tokens * bytes_per_token
+    ratio = min(DEFAULT_HICACHE_RATIO, budget * (1 - ALLOCATION_SLACK) / device_bytes)
+    if ratio <= 0:
+        raise ConfigError(
+            "gpu.host_memory_gb",
+            f"{free / 1e9:,.0f} GB of host memory leaves nothing for HiCache after SGLang's "
+            "10 GiB reserve (SGLang 0.5.23 refuses to start); give more, or set "
+            "cache.hicache_ratio or cache.hicache_size_gb",
+        )
+    return AutoSize(ratio, budget, free, ranks)
+
+
+def resolve_pools(cfg: SimConfig) -> tuple[int, int, int]:
+    """``(device_tokens, host_tokens, kv_bytes_per_token)`` for ``cfg``.
+
+    Device: ``gpu.device_tokens`` when set, else :func:`hicache.hardware.device_pool_tokens`
+    (HBM x mem_fraction - weights - reserve) rounded down to a page multiple. Host: 0 without a
+    host tier, else SGLang's ``HostKVCache`` sizing (:func:`hicache.policy.host_pool_tokens`: ratio
+    or GB, always one extra page; 0.5.14 needs it larger than the device pool), the ratio
+    auto-sized for 0.5.23 when none is given (:func:`auto_size`). Bytes are per rank. Raises
+    :class:`ConfigError` when a pool cannot be sized.
+    """
+    model = cfg.model.spec
+    tp = cfg.model.tp
+    bpt = hardware.kv_bytes_per_token(model, tp)
+    page = cfg.cache.page_size
+    if cfg.gpu.device_tokens:
+        device = cfg.gpu.device_tokens
+    else:
+        try:
+            raw = hardware.device_pool_tokens(
+                model,
+                hardware.get_gpu(cfg.gpu.name),
+                tp,
+                cfg.gpu.mem_fraction,
+                cfg.gpu.reserve_gb * 1e9,
+            )
+        except ValueError as e:
+            raise ConfigError("gpu.device_tokens", f"derived from HBM: {e}") from None
+        device = raw // page * page
+        if device <= 0:
+            raise ConfigError(
+                "gpu.device_tokens",
+                f"derived from HBM: {raw} tokens is less than one page ({page})",
+            )
+    _max_pages("gpu.device_tokens", device, page)
+    if not cfg.cache.enable_host:
+        return device, 0, bpt
+    by_size = cfg.cache.hicache_size_gb > 0
+    sized = auto_size(cfg, device, bpt)
+    ratio = sized.ratio if sized else (cfg.cache.hicache_ratio or DEFAULT_HICACHE_RATIO)
+    try:
+        host = host_pool_tokens(
+            device,
+            page,
+            hicache_ratio=ratio,
+            hicache_size_gb=cfg.cache.hicache_size_gb,
+            bytes_per_token=bpt,
+            must_exceed_device=cfg.sglang.version == "0.5.14",
+        )
+    except ValueError as e:
+        where = "cache.hicache_size_gb" if by_size else "cache.hicache_ratio"
+        raise ConfigError(where, str(e)) from None
+    _max_pages("cache.hicache_size_gb" if by_size else "cache.hicache_ratio", host, page)
+    return device, host, bpt
+
+
+def _max_pages(where: str, tokens: int, page: int) -> None:
+    if tokens // page > MAX_POOL_PAGES:
+        raise ConfigError(
+            where,
+            f"a pool of {tokens // page:,} pages ({tokens:,} tokens) is more than the simulator "
+            f"holds ({MAX_POOL_PAGES:,} pages); use a larger cache.page_size or a smaller pool",
+        )
+
+
+__all__ = [
+    "ALLOCATION_SLACK",
+    "HOST_MEMORY_RESERVE_BYTES",
+    "AutoSize",
+    "auto_size",
+    "instance_host_memory",
+    "resolve_pools",
+]
