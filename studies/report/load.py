@@ -323,6 +323,12 @@ def _label(run: Run, keys: Iterable[str]) -> str:
             parts.append(Path(str(run.conf.get("trace", ""))).name.split(".")[0] or "trace")
             continue
         v = run.config.get(k)
+        if k == "sglang.version":
+            parts.append(f"SGLang {v}")
+            continue
+        if k == "cache.hicache_ratio" and not v:
+            parts.append("ratio default")  # 0: not given (SGLang's default, maybe auto-sized)
+            continue
         if k == "run.profile":
             parts.append(Path(str(v)).stem if v else "default profile")
         elif isinstance(v, str) and not k.startswith(STORAGE_ONLY_PREFIX):
