@@ -141,7 +141,8 @@ def register(subparsers: Any) -> None:
         "keys",
         help="every config key with its default and meaning",
         description="Every config key (section.key), its default, type and meaning, and the "
-        "SGLang flag that sets it; from the config's own dataclasses.",
+        "SGLang flag that sets it; from the config's own dataclasses. Then the SGLang versions "
+        "sglang.version takes and what differs between them.",
     )
     k.add_argument("--json", action="store_true", help="one JSON object per key, in a list")
     k.set_defaults(func=_cmd_keys)
@@ -165,7 +166,19 @@ def _cmd_keys(args: argparse.Namespace) -> int:
         print(json.dumps(rows, indent=1))
     else:
         print(format_keys(flags))
+        print(f"\n{format_versions()}")
     return 0
+
+
+def format_versions(width: int = 100) -> str:
+    """``sglang.version``'s choices and what each one changes, wrapped to ``width``."""
+    import textwrap
+
+    lines = ["SGLang versions (sglang.version, --sglang-version):"]
+    for version, (core, what) in SGLANG_VERSIONS.items():
+        lines += textwrap.wrap(f"{version}: {what} [{core}]", width, initial_indent="  ",
+                               subsequent_indent="      ")  # fmt: skip
+    return "\n".join(lines)
 
 
 def _cmd_sglang(args: argparse.Namespace) -> int:

@@ -21,7 +21,9 @@ SGLANG_VERSIONS: dict[str, tuple[str, str]] = {
         "(write_through_selective backs up far less); finished requests split at the prompt "
         "boundary; write_back backs up and demotes one victim at a time, drops the subtree when "
         "the host is full and reclaims host duplicates first; load_back locks the whole chain; "
-        "device->host writes are merged per scheduler step; admission picks whole, chunk or "
+        "device->host writes are merged per scheduler step; the default host pool shrinks to "
+        "fit the server's free DRAM (--hicache-host-memory-fraction) and may be smaller than "
+        "the device pool; tlru eviction; admission picks whole, chunk or "
         "wait before loading back, and touches the waiting queue's prefixes every 32 passes "
         "under lru. hitrate, run, sweep, plan and demo; no L3 tier and no replay yet",
     ),

@@ -64,6 +64,9 @@ def test_config_keys_lists_every_field_with_its_default_and_meaning() -> None:
     assert "[choices: write_through, write_through_selective, write_back]" in out.replace(
         "\n      ", " "
     )
+    # then what each SGLang version changes
+    tail = out.split("SGLang versions (sglang.version, --sglang-version):")[1]
+    assert "0.5.14: HiRadixCache" in tail and "0.5.23: UnifiedRadixCache" in tail
 
 
 def test_config_keys_json_matches_the_defaults() -> None:
