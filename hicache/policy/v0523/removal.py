@@ -41,7 +41,10 @@ class TreeRemoval:
     def is_device_leaf(self, n: UNode) -> bool:
         if n is self.root or n.value is None or n.lock_ref > 0:
             return False
-        return not any(c.value is not None for c in n.children.values())
+        for c in n.children.values():  # a loop, not any(): no generator on this hot path
+            if c.value is not None:
+                return False
+        return True
 
     def is_host_leaf(self, n: UNode) -> bool:
         if n is self.root or n.value is not None or n.host_value is None:
