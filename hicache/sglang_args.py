@@ -151,6 +151,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag(("--hicache-io-backend",), "link.io_backend", _text),
     Flag(("--hicache-mem-layout",), "link.mem_layout", _text),
     Flag(("--radix-eviction-policy",), "cache.eviction", _text),
+    Flag(("--radix-eviction-policy-config",), "cache.eviction_policy_config", _text,
+         "0.5.20+: the strategy's JSON parameters (slru, tlru)"),
     Flag(("--max-total-tokens",), "gpu.device_tokens", _int,
          "the device pool exactly (rounded down to a page multiple, as SGLang does)"),
     Flag(("--mem-fraction-static",), "gpu.mem_fraction", _float),
@@ -453,6 +455,8 @@ def sglang_flags(cfg: Any) -> tuple[list[str], list[str], list[str]]:
             "--hicache-mem-layout", lk.mem_layout,
         ]  # fmt: skip
     flags += ["--radix-eviction-policy", c.eviction, "--schedule-policy", s.policy]
+    if c.eviction_policy_config.strip():
+        flags += ["--radix-eviction-policy-config", c.eviction_policy_config]
     flags += ["--chunked-prefill-size", str(s.chunked_prefill_size)]
     flags += ["--max-prefill-tokens", str(s.max_prefill_tokens)]
     if s.max_running_requests:

@@ -66,6 +66,7 @@ class Engine:
         storage: StorageSetup | None = None,
         record_spans: bool = True,
         sglang_version: str = "0.5.14",
+        eviction_params: dict[str, int] | None = None,
     ) -> None:
         """``record_spans``: keep every compute span (the Chrome trace's compute track: a row
         per prefill and decode call, growing with the run); off, nothing is kept."""
@@ -81,7 +82,7 @@ class Engine:
                      costs=costs, sched=sched, on_finished=self._finished,
                      next_arrival=self._next_arrival, timeline_max_rows=timeline_max_rows,
                      load_back_threshold=load_back_threshold, storage=storage,
-                     sglang_version=sglang_version)
+                     sglang_version=sglang_version, eviction_params=eviction_params)
             for i in range(instances)
         ]  # fmt: skip
         if not record_spans:
@@ -390,6 +391,7 @@ def run_simulation(
         storage=StorageSetup.from_config(cfg, costs.bytes_per_page),
         record_spans=cfg.run.chrome_trace and out_dir is not None,
         sglang_version=cfg.sglang.version,
+        eviction_params=cfg.cache.eviction_params(),
     )
     duration = engine.run()
     frames = engine.frames(take=True)

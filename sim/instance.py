@@ -53,6 +53,7 @@ class Instance:
         load_back_threshold: int = 10,
         storage: StorageSetup | None = None,
         sglang_version: str = "0.5.14",
+        eviction_params: dict[str, int] | None = None,
     ) -> None:
         self.env = env
         self.index = index
@@ -85,6 +86,7 @@ class Instance:
                     self.ctrl,
                     write_policy=write_policy,
                     eviction_policy=eviction,
+                    eviction_policy_config=eviction_params,
                     load_back_threshold=load_back_threshold,
                 ),
                 Scheduler0523,

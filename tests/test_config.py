@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import pickle
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -469,3 +470,22 @@ def test_0523_auto_size_divides_the_server_among_its_instances_and_ranks() -> No
 def test_0523_no_host_memory_left_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"gpu\.host_memory_gb: .*10 GiB reserve"):
         load_config(None, ["gpu.host_memory_gb=10", "sglang.version=0.5.23"])
+
+
+def test_eviction_policy_config_is_checked_and_0523_only() -> None:
+    cfg = load_config(None, ["sglang.version=0.5.23", "cache.eviction=tlru",
+                             'cache.eviction_policy_config={"threshold": 1024}'])  # fmt: skip
+    assert cfg.cache.eviction_params() == {"threshold": 1024}
+    for bad, problem in (
+        ('{"threshold": "x"}', "expected an integer"),
+        ('{"protected_threshold": 3}', "eviction tlru reads threshold, next_prompt_estimate"),
+        ("[1]", "expected a JSON object"),
+        ("{", "not JSON"),
+    ):
+        with pytest.raises(ConfigError, match=re.escape(problem)):
+            load_config(None, ["sglang.version=0.5.23", "cache.eviction=tlru",
+                               f"cache.eviction_policy_config={bad}"])  # fmt: skip
+    with pytest.raises(ConfigError, match=r"since 0\.5\.20"):
+        load_config(
+            None, ["cache.eviction=slru", 'cache.eviction_policy_config={"protected_threshold": 3}']
+        )

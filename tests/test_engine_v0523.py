@@ -181,3 +181,26 @@ def test_the_touch_goes_head_last_so_lru_keeps_the_head_longest() -> None:
     cache.evict(64)  # one prompt's worth: the least recently touched goes
     kept = [cache.peek_prefix(s._fill_key(s.waiting[i]))[0] for i in range(3)]
     assert kept == [64, 64, 0]
+
+
+def test_a_config_run_under_0523_with_tlru_and_its_parameters() -> None:
+    """Through the config (sglang.version, cache.eviction=tlru with
+    --radix-eviction-policy-config): the summary names the version, and the parameters reach
+    the cache. With SGLang's defaults (threshold 0) no node is tail-safe, and with a threshold
+    above every prefix all are: both order as LRU does. A 1,024-token threshold makes only the
+    short nodes near a leaf safe, which changes what is evicted (and the host hit rate)."""
+    from hicache.config import load_config
+    from sim.engine import run_simulation
+
+    trace = read_trace(DATA / "synthetic" / "multiturn.jsonl")
+    base = ["sglang.version=0.5.23", "gpu.device_tokens=4096", "cache.page_size=16",
+            "cache.hicache_ratio=2", "cache.eviction=tlru"]  # fmt: skip
+
+    def hits(*sets: str) -> tuple[float, float]:
+        s = run_simulation(load_config(None, [*base, *sets]), trace)
+        assert s["sglang_version"] == "0.5.23" and s["requests"] == len(trace)
+        return s["device_hit_rate"], s["host_hit_rate"]
+
+    default = hits()
+    assert hits('cache.eviction_policy_config={"threshold": 1000000000}') == default
+    assert hits('cache.eviction_policy_config={"threshold": 1024}') != default

@@ -231,6 +231,10 @@ class CacheConfig:
     enable_host: bool = True
     # hard-coded in SGLang 0.5.14 (POLICY_CORE.md §4.3): shorter host hits are recomputed
     load_back_threshold: int = 10
+    # SGLang 0.5.20+'s --radix-eviction-policy-config: a JSON object of the strategy's
+    # parameters (slru protected_threshold; tlru threshold, next_prompt_estimate, in tokens);
+    # "" = SGLang's defaults. sglang.version 0.5.23 only
+    eviction_policy_config: str = ""
 
     def __post_init__(self) -> None:
         _at_least("cache.page_size", self.page_size, 1)
@@ -242,6 +246,36 @@ class CacheConfig:
         _between("cache.hicache_host_memory_fraction", self.hicache_host_memory_fraction, 0.01, 1.0)
         _at_least("cache.hicache_size_gb", self.hicache_size_gb, 0)
         _at_least("cache.load_back_threshold", self.load_back_threshold, 0)
+        self.eviction_params()  # a bad JSON object is refused here
+
+    #: parameter names each strategy reads from ``eviction_policy_config``
+    EVICTION_PARAMS: ClassVar[dict[str, tuple[str, ...]]] = {
+        "slru": ("protected_threshold",),
+        "tlru": ("threshold", "next_prompt_estimate"),
+    }
+
+    def eviction_params(self) -> dict[str, int]:
+        """``eviction_policy_config`` parsed: ``{}`` when empty; ConfigError for text that
+        is not a JSON object of integers, or a name the strategy does not read."""
+        if not self.eviction_policy_config.strip():
+            return {}
+        where = "cache.eviction_policy_config"
+        try:
+            data = json.loads(self.eviction_policy_config)
+        except json.JSONDecodeError as e:
+            raise ConfigError(where, f"not JSON ({e.msg})") from None
+        if not isinstance(data, dict):
+            raise ConfigError(where, 'expected a JSON object, e.g. {"threshold": 1024}')
+        known = self.EVICTION_PARAMS.get(self.eviction, ())
+        out = {}
+        for k, v in data.items():
+            if k not in known:
+                reads = ", ".join(known) if known else "no parameters"
+                raise ConfigError(where, f"{k!r}: eviction {self.eviction} reads {reads}")
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise ConfigError(where, f"{k!r}: expected an integer, got {v!r}")
+            out[k] = v
+        return out
 
 
 @dataclass(frozen=True)
@@ -603,6 +637,12 @@ def _check_version_sections(cfg: SimConfig) -> None:
                 'tlru is SGLang\'s since 0.5.21: set sglang.version = "0.5.23" to use it',
             )
         ratio = c.hicache_ratio or DEFAULT_HICACHE_RATIO
+        if c.eviction_policy_config.strip():
+            raise ConfigError(
+                "cache.eviction_policy_config",
+                "--radix-eviction-policy-config is SGLang's since 0.5.20: set "
+                'sglang.version = "0.5.23" to use it',
+            )
         if c.enable_host and c.hicache_size_gb == 0 and not ratio > 1:
             raise ConfigError(
                 "cache.hicache_ratio",
