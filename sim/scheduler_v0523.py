@@ -167,7 +167,12 @@ class Scheduler0523(Scheduler):
                 finally:
                     life.release(best)
                     cache.tree.dec_host_lock_ref(best, uuid)
-                if len(prefix) == len(m.device_pages):  # nothing loaded: choose again
+                loaded = (len(prefix) - len(m.device_pages)) * ps
+                if 0 < loaded != m.host_hit_length:  # SGLang raises: all or nothing
+                    raise RuntimeError(
+                        f"load-back committed {loaded} of {m.host_hit_length} promised tokens"
+                    )
+                if not loaded:  # nothing loaded: choose again with the device prefix
                     size = self._select(budget, batch, req, total, dev)
                     if size <= 0:
                         return False

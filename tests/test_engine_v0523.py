@@ -204,3 +204,36 @@ def test_a_config_run_under_0523_with_tlru_and_its_parameters() -> None:
     default = hits()
     assert hits('cache.eviction_policy_config={"threshold": 1000000000}') == default
     assert hits('cache.eviction_policy_config={"threshold": 1024}') != default
+
+
+def _host_hit_behind_a_chunk(version: str) -> tuple[Engine, list[tuple[SimReq, int, int]]]:
+    """A's 64-token prompt cached, then moved to host; C (120 tokens) prefills in chunks of 64,
+    so its last chunk leaves 8 tokens of the chunk budget; B (A's prompt + 40 tokens) waits
+    behind it with a 64-token host hit. Returns the engine and the batch of C's last chunk."""
+    from tests.sim.harness import admit, prefill_all, run_batch
+
+    sp = SchedulerParams(page_size=16, chunked_prefill_size=64)
+    e = engine([], sglang_version=version, sched=sp, device_tokens=1024, host_tokens=4096)
+    prefill_all(e, req(0, 0.0, 64, 1, symbols=range(64)))
+    e.cache.check_hicache_events()  # the backup's ack
+    e.cache.evict(1024)  # A's prompt now lives on host only
+    c = req(2, 0.0, 120, 4)
+    first = admit(e, c)
+    assert first is not None and first[0][1] == 64
+    run_batch(e, first)
+    e.sched.arrive(req(1, 0.0, 104, 4, symbols=[*range(64), *range(500_000, 500_040)]))
+    batch = e.sched._get_new_batch_prefill()
+    assert batch is not None
+    return e, batch
+
+
+def test_a_chunk_that_rounds_to_nothing_starts_no_load_in_0523() -> None:
+    """B's extend (40) exceeds the 8 tokens left, and 8 rounds to no page: 0.5.23 decides
+    OTHER before the load-back, so nothing is loaded; 0.5.14 loads B's host hit first and then
+    stops, leaving the load queued (the chain stays pinned until its ack)."""
+    e23, batch23 = _host_hit_behind_a_chunk("0.5.23")
+    e14, batch14 = _host_hit_behind_a_chunk("0.5.14")
+    assert [(r.rid, n) for r, n, _ in batch23] == [(2, 56)] == [(r.rid, n) for r, n, _ in batch14]
+    assert [r.rid for r in e23.sched.waiting] == [1] == [r.rid for r in e14.sched.waiting]
+    assert not e23.ctrl.pending_loads
+    assert sum(len(op.device_pages) for op in e14.ctrl.pending_loads) == 4
