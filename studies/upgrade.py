@@ -48,15 +48,19 @@ def _pct(x: float) -> str:
     return f"{x:.2%}"
 
 
+def _pairs(
+    old: Sequence[dict[str, Any]], new: Sequence[dict[str, Any]]
+) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """Each setup of ``old`` with its twin in ``new`` (same ``setup``), in ``old``'s order."""
+    by_setup = {r["setup"]: r for r in new}
+    return [(a, by_setup[a["setup"]]) for a in old if a["setup"] in by_setup]
+
+
 def upgrade_rows(old: Sequence[dict[str, Any]], new: Sequence[dict[str, Any]]) -> list[list[str]]:
     """Table rows (:data:`COLUMNS`): each setup of ``old`` then its twin in ``new`` (matched
     by ``setup``), formatted."""
-    by_setup = {r["setup"]: r for r in new}
     out = []
-    for a in old:
-        b = by_setup.get(a["setup"])
-        if b is None:
-            continue
+    for a, b in _pairs(old, new):
         for r in (a, b):
             out.append([
                 str(r["setup"]), str(r["sglang_version"]), _pct(r["hit_rate"]),
@@ -71,12 +75,8 @@ def big_differences(old: Sequence[dict[str, Any]], new: Sequence[dict[str, Any]]
     :data:`TTFT_FRACTION`) between each
     setup of ``old`` and its twin in ``new``, with its cause; a line saying there is none
     otherwise."""
-    by_setup = {r["setup"]: r for r in new}
     lines = []
-    for a in old:
-        b = by_setup.get(a["setup"])
-        if b is None:
-            continue
+    for a, b in _pairs(old, new):
         setup, va, vb = a["setup"], a["sglang_version"], b["sglang_version"]
         for key, tier in (("device_hit_rate", "device"), ("host_hit_rate", "host")):
             d = b[key] - a[key]
