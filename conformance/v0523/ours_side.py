@@ -104,6 +104,9 @@ class OursUnifiedCache:
             "best": self.path(m.best),
         }
 
+    def touch(self, tokens: list[int]) -> None:
+        self.cache.touch_prefix(self._key(tokens, None))
+
     def insert(
         self,
         tokens: list[int],

@@ -134,8 +134,10 @@ class Sequence:
                 out.append(("evict", r.randrange(1, 12) * self.combo.page_size))
             elif x < 0.96:
                 out.append(("evict_host", r.randrange(1, 12) * self.combo.page_size))
-            else:
+            elif x < 0.98:
                 out.append(("match", self.tokens(r.randrange(1, 4))))
+            else:  # the waiting-queue refresh's touch (0.5.22+): the whole key, no limit
+                out.append(("touch", self.tokens(r.randrange(1, 6))))
         return out
 
 
@@ -174,6 +176,9 @@ class Driver:
             return s.evict_host(op[1])
         if kind == "match":
             return s.match(op[1])
+        if kind == "touch":
+            s.touch(op[1])
+            return None
         raise ValueError(kind)
 
     def serve(self, prompt: list[int], output: list[int], priority: int, chunk: bool) -> Any:

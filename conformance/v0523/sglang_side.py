@@ -627,6 +627,11 @@ class RealUnifiedCache:
             "best": paths[int(r.best_match_node)],
         }
 
+    def touch(self, tokens: list[int]) -> None:
+        """``cache.touch_prefix(RadixKey(tokens))`` (the waiting-queue refresh: the match walk
+        of the whole key, its splits and stamps applied, nothing returned)."""
+        self.cache.touch_prefix(self._key(tokens, None, None))
+
     def insert(
         self,
         tokens: list[int],
