@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from hicache.policy import HiRadixCache, PageAllocator
+from hicache.policy.v0523 import UnifiedRadixCache
 from sim.cache_types import AnyCache
 
 if TYPE_CHECKING:
@@ -19,7 +21,9 @@ class PrefillBudget:
     (``max_prefill_tokens``) and ``rem_chunk`` (``chunked_prefill_size``)."""
 
     __slots__ = (
+        "_hi",
         "_reserve",
+        "_uni",
         "cache",
         "chunking",
         "clip",
@@ -35,7 +39,11 @@ class PrefillBudget:
         over the batch), asked once, when ``rem_total`` is first read: a batch that stops
         before reading it (a chunk that fills the budget) does not pay for it."""
         self.cache = cache
-        self.dev = cache.controller.device
+        self.dev: PageAllocator = cache.controller.device
+        # the cache narrowed to its class: rem_total() is read on every admission attempt,
+        # and a call through the version union is a dynamic one
+        self._hi = cache if isinstance(cache, HiRadixCache) else None
+        self._uni = cache if isinstance(cache, UnifiedRadixCache) else None
         self._reserve = reserve
         self.reserved: float | None = None
         self.offset = 0.0  # what this batch's admissions reserved so far
@@ -49,7 +57,14 @@ class PrefillBudget:
         reserved = self.reserved
         if reserved is None:
             reserved = self.reserved = self._reserve()
-        return self.dev.available_size() + self.cache.evictable_size() - reserved - self.offset
+        hi = self._hi
+        if hi is not None:
+            evictable = hi.evictable_size()
+        else:
+            uni = self._uni
+            assert uni is not None
+            evictable = uni.evictable_size()
+        return self.dev.available_size() + evictable - reserved - self.offset
 
     def new_tokens(self, req: SimReq) -> int:
         """Output tokens a request may still need, clipped (``clip_max_new_tokens``)."""
@@ -74,11 +89,16 @@ class Gate:
     ``new_token_ratio`` of that step. The reservations come from one integer sum, checked
     against the loop's own float sum whenever they come within rounding of a threshold."""
 
-    __slots__ = ("big", "cap", "decay", "min_ratio", "n", "ratios", "sched", "sum_r", "ticks",
-                 "total")  # fmt: skip
+    __slots__ = ("big", "cache", "cap", "decay", "dev", "min_ratio", "n", "ratios", "sched",
+                 "sum_r", "ticks", "total")  # fmt: skip
 
     def __init__(self, sched: Scheduler, cap: bool, total: int, ticks: int) -> None:
         self.sched = sched
+        # the gate predicts 0.5.14's admission only (0.5.23 has none): its cache, typed
+        cache = sched.cache
+        assert isinstance(cache, HiRadixCache)
+        self.cache: HiRadixCache = cache
+        self.dev: PageAllocator = sched.dev
         self.cap = cap
         self.total = total
         self.ticks = ticks  # clock ticks of one match of the head
@@ -110,7 +130,7 @@ class Gate:
         for over in self.big:
             if over > j:
                 owed -= over - j
-        room = s.cache.controller.device.available_size() - taken + s.cache.evictable_size()
+        room = self.dev.available_size() - taken + self.cache.evictable_size()
         approx = ratio * owed
         margin = 1e-9 * (approx + 1.0)  # far above the float sum's rounding (n ulps)
         rem = room - approx

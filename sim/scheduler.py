@@ -28,7 +28,7 @@ import simpy
 from hicache.latency import layer_pipeline_end
 from hicache.lifecycle import NO_KEY, KVLifecycle, PagedRequest, ReqKV
 from hicache.lifecycle_v0523 import ReqKV23
-from hicache.policy import HiRadixCache, PageKey
+from hicache.policy import HiRadixCache, PageAllocator, PageKey
 from hicache.policy.radix import PrefixKey
 from hicache.policy.storage import PrefetchOp
 from sim.admission import Gate, PrefillBudget
@@ -146,6 +146,9 @@ class Scheduler(Prefetching):
     ) -> None:
         self.env = env
         self.cache = cache
+        # the device pool, typed: the hot paths take its pages without going through either
+        # version's cache
+        self.dev: PageAllocator = cache.controller.device
         self.life: AnyLife = self._make_life(cache, params.outputs)
         self.cost = cost
         self.p = params
@@ -634,7 +637,7 @@ class Scheduler(Prefetching):
         pages needs a page now; short of pages, evict, then retract until they fit. Returns
         the requests at a page boundary and whether anything was evicted or retracted."""
         ps, run = self.p.page_size, self.running
-        dev = self.cache.controller.device
+        dev = self.dev
         at_boundary = [r for r in run if r.kv_tokens % ps == 0]
         need = ps * len(at_boundary)
         if not need or dev.available_size() >= need:
@@ -695,7 +698,7 @@ class Scheduler(Prefetching):
         step0 = a + b * (kv0 + bs * done)
         t = now + ((start + step0) - now)
         ends, cum = [t], [0]
-        free = self.cache.controller.device.free_page_count()
+        free = self.dev.free_page_count()
         heap = list(bounds)  # a heap already: a copy to walk ahead
         ps = self.p.page_size
         taken = 0  # pages the boundaries passed so far take
@@ -724,7 +727,7 @@ class Scheduler(Prefetching):
         return ends, cum
 
     def _new_page(self, r: SimReq) -> None:
-        page = self.cache.controller.device.alloc_pages(1)
+        page = self.dev.alloc_pages(1)
         assert page is not None and r.kv is not None
         r.kv.kv += page
 
@@ -740,7 +743,7 @@ class Scheduler(Prefetching):
         at = []
         while bounds and bounds[0][0] == done:
             at.append(heapq.heappop(bounds)[1])  # (step, index) order: batch order
-        if cache.controller.device.available_size() < ps * len(at):
+        if self.dev.available_size() < ps * len(at):
             return False
         for i in at:
             heapq.heappush(bounds, (done + ps, i))
@@ -770,7 +773,7 @@ class Scheduler(Prefetching):
         start = max(t0, self.ctrl.take_stall())
         arrival = self.next_arrival()
         near = arrival - 1e-9 * (abs(arrival) + 1.0)
-        free = self.cache.controller.device.free_page_count()
+        free = self.dev.free_page_count()
         heap = list(bounds)  # a heap already: a copy to walk ahead
         bb = b * bs
         segs: list[tuple[float, float, int]] = []

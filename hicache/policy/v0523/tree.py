@@ -148,7 +148,11 @@ class TreeCore(TreeRemoval):
             cur.lock_ref += 1
             self.device_leaves.discard(cur)
             cur = cur.parent  # type: ignore[assignment]
-        self.update_leaf_sets(node)
+        if node.value is None:
+            # an evicted anchor may have been an H-leaf; a device-resident one was just taken
+            # out of the D-leaves above and cannot be an H-leaf (SGLang updates the anchor
+            # either way: the same sets)
+            self.update_leaf_sets(node)
         return delta
 
     def dec_lock_ref(self, node: UNode) -> None:
@@ -164,7 +168,8 @@ class TreeCore(TreeRemoval):
             if cur.lock_ref == 0:
                 self.update_leaf_sets(cur)
             cur = cur.parent  # type: ignore[assignment]
-        self.update_leaf_sets(node)
+        # SGLang then updates the anchor again: a no-op here, since the loop updated it if its
+        # lock reached 0, and a node still locked is in neither leaf set
 
     def inc_host_lock_ref(self, node: UNode) -> int | None:
         """Host lock on ``node``; returns the receipt's boundary tag (None: nothing locked)."""
