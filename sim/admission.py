@@ -24,7 +24,6 @@ class PrefillBudget:
         "_hi",
         "_reserve",
         "_uni",
-        "cache",
         "chunking",
         "clip",
         "dev",
@@ -38,7 +37,6 @@ class PrefillBudget:
         """``reserve()``: the running requests' remaining outputs x ``new_token_ratio`` (a sum
         over the batch), asked once, when ``rem_total`` is first read: a batch that stops
         before reading it (a chunk that fills the budget) does not pay for it."""
-        self.cache = cache
         self.dev: PageAllocator = cache.controller.device
         # the cache narrowed to its class: rem_total() is read on every admission attempt,
         # and a call through the version union is a dynamic one
@@ -89,16 +87,11 @@ class Gate:
     ``new_token_ratio`` of that step. The reservations come from one integer sum, checked
     against the loop's own float sum whenever they come within rounding of a threshold."""
 
-    __slots__ = ("big", "cache", "cap", "decay", "dev", "min_ratio", "n", "ratios", "sched",
-                 "sum_r", "ticks", "total")  # fmt: skip
+    __slots__ = ("big", "cap", "decay", "min_ratio", "n", "ratios", "sched", "sum_r", "ticks",
+                 "total")  # fmt: skip
 
     def __init__(self, sched: Scheduler, cap: bool, total: int, ticks: int) -> None:
         self.sched = sched
-        # the gate predicts 0.5.14's admission only (0.5.23 has none): its cache, typed
-        cache = sched.cache
-        assert isinstance(cache, HiRadixCache)
-        self.cache: HiRadixCache = cache
-        self.dev: PageAllocator = sched.dev
         self.cap = cap
         self.total = total
         self.ticks = ticks  # clock ticks of one match of the head
@@ -130,7 +123,7 @@ class Gate:
         for over in self.big:
             if over > j:
                 owed -= over - j
-        room = self.dev.available_size() - taken + self.cache.evictable_size()
+        room = s.dev.available_size() - taken + s.cache.evictable_size()
         approx = ratio * owed
         margin = 1e-9 * (approx + 1.0)  # far above the float sum's rounding (n ulps)
         rem = room - approx

@@ -27,6 +27,9 @@ class Prefetching:
     """Mixed into ``Scheduler``; uses its queue, cache, lifecycle and wake-up event."""
 
     env: simpy.Environment
+    # either version's cache and lifecycle, declared here only: the compiled Scheduler once
+    # annotated ``life`` again in its __init__, and that build leaked a reference, so every
+    # engine outlived its run (tests/sim/test_lazy_requests.py catches it)
     cache: AnyCache
     life: AnyLife
     p: SchedulerParams

@@ -149,7 +149,7 @@ class Scheduler(Prefetching):
         # the device pool, typed: the hot paths take its pages without going through either
         # version's cache
         self.dev: PageAllocator = cache.controller.device
-        self.life: AnyLife = self._make_life(cache, params.outputs)
+        self.life = self._make_life(cache, params.outputs)
         self.cost = cost
         self.p = params
         self.ctrl = ctrl
@@ -389,8 +389,9 @@ class Scheduler(Prefetching):
     def _fill_key(self, req: SimReq) -> PageKey:
         """Paged key of everything to prefill: the prompt, plus decoded tokens after a
         retraction (unique symbols, never matched)."""
-        return self.life.extend_key(self._prompt(req), req.out_symbols,
-                                    req.fill_len // self.p.page_size)  # fmt: skip
+        key: PageKey = self.life.extend_key(self._prompt(req), req.out_symbols,
+                                            req.fill_len // self.p.page_size)  # fmt: skip
+        return key
 
     def _prompt(self, req: SimReq) -> PageKey:
         """``req``'s prompt key, built at its first need (a queued request that admission has
