@@ -209,25 +209,34 @@ def _other_version(version: str) -> str:
     return UPGRADE_PAIR[1] if version == UPGRADE_PAIR[0] else UPGRADE_PAIR[0]
 
 
-def _demo_hitrate(args: argparse.Namespace, trace: Any) -> tuple[list[dict[str, Any]], str]:
-    """The cache-only grid: hit rate vs device capacity per write policy; its rows and table."""
+def _demo_hitrate(
+    args: argparse.Namespace, trace: Any
+) -> tuple[list[dict[str, Any]], str, tuple[str, str]]:
+    """The cache-only grid: hit rate vs device capacity per write policy; its rows and table,
+    and the write policies' rows under both releases (text, HTML)."""
     from hicache.policy import host_pool_tokens
     from sim.hitrate import HitRateConfig
     from studies.report import plot_hitrate
     from studies.sweep.hitrate import run_hitrate_grid
+    from studies.upgrade import format_upgrade, upgrade_html
     from traces.stats import infinite_capacity_hit_rate
 
     page = DEMO_PAGE
+    main, other = args.sglang_version, _other_version(args.sglang_version)
     configs = []
     for dev in (1_000_000, 4_000_000, 16_000_000):
         host = host_pool_tokens(dev, page, hicache_ratio=2.0)
         for wp in ("write_through", "write_through_selective", "write_back"):
-            configs.append(HitRateConfig(dev, host, page, "lru", wp))
-        configs.append(HitRateConfig(dev, 0, page, "lru", "write_through"))
+            configs.append(HitRateConfig(dev, host, page, "lru", wp, sglang_version=main))
+        configs.append(HitRateConfig(dev, 0, page, "lru", "write_through", sglang_version=main))
         # an unlimited L3 store behind write_through (hitrate --storage-tokens unlimited):
-        # storage I/O is instant here, so this is what L3 can add at best
-        configs.append(HitRateConfig(dev, host, page, "lru", "write_through", storage=True))
-    rows = run_hitrate_grid(trace, configs, jobs=args.jobs)
+        # storage I/O is instant here, so this is what L3 can add at best (0.5.14's L3 only)
+        if main == "0.5.14":
+            configs.append(HitRateConfig(dev, host, page, "lru", "write_through", storage=True))
+    # the write policies under the other release too: the upgrade comparison's cache-only part
+    twins = [replace(c, sglang_version=other) for c in configs if c.host_tokens and not c.storage]
+    both = run_hitrate_grid(trace, configs + twins, jobs=args.jobs)
+    rows, twin_rows = both[: len(configs)], both[len(configs) :]
     inf = infinite_capacity_hit_rate(trace, page)
     for r in rows:
         r["infinite_capacity_hit_rate"] = inf
@@ -237,7 +246,13 @@ def _demo_hitrate(args: argparse.Namespace, trace: Any) -> tuple[list[dict[str, 
     _write_csv(rows, args.out / "hitrate.csv")
     plot_hitrate(rows, args.out / "hitrate.png", title=f"{args.trace.name} (page {page}, LRU)",
                  series="policy")  # fmt: skip
-    return rows, format_hitrate_table(rows, inf, len(trace))
+    for r in [*rows, *twin_rows]:
+        r["setup"] = f"{r['write_policy']} @ {r['device_tokens'] / 1e6:g} M device"
+    main_rows = [r for r in rows if r["host_tokens"] and not r["storage"]]
+    old, new = (main_rows, twin_rows) if main == UPGRADE_PAIR[0] else (twin_rows, main_rows)
+    _write_csv([*old, *new], args.out / "upgrade_cache_only.csv")
+    upgrade = format_upgrade(old, new), upgrade_html(old, new)
+    return rows, format_hitrate_table(rows, inf, len(trace)), upgrade
 
 
 def _demo_markdown(comparison: str, table: str, upgrade: Upgrade) -> str:
@@ -253,9 +268,9 @@ def _demo_markdown(comparison: str, table: str, upgrade: Upgrade) -> str:
         "split into device / host / L3 storage. Run directories are under `runs/`.\n\n"
         f"```\n{comparison}\n```\n\n"
         f"## {upgrade.title}\n\n"
-        "The write policies again under the other SGLang release (`sglang.version`), the same "
-        "trace, server and rate; the lines below the table name each big difference and its "
-        "cause in SGLang's code.\n\n"
+        "The write policies again under the other SGLang release (`sglang.version`): timed, "
+        "the same trace, server and rate; and cache-only, the grid below. The lines under each "
+        "table name each big difference and its cause in SGLang's code.\n\n"
         f"```\n{upgrade.text}\n```\n\n"
         "## Hit rate vs device capacity (cache-only replay)\n\n"
         "Each request matched, loaded back and inserted one at a time (no timing). The "
@@ -276,11 +291,19 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         trace = replace(trace, requests=trace.requests[: args.max_requests])
     run_dirs, comparison, upgrade = _demo_timed(args, trace)
     print(f"\ncache-only replay: hit rate vs device capacity (page {DEMO_PAGE}, LRU)")
-    rows, table = _demo_hitrate(args, trace)
+    rows, table, (only_text, only_html) = _demo_hitrate(args, trace)
     print(table)
     note = write_back_ignores_hit_counts(rows)
     if note:
         print(f"note: {note}")
+    head = f"{upgrade.title}, cache-only (the grid's write policies)"
+    print(f"\n{head}\n{only_text}")
+    upgrade = Upgrade(
+        upgrade.title,
+        f"timed (the same trace and server):\n{upgrade.text}\n\ncache-only:\n{only_text}",
+        f"<h3>Timed (the same trace and server)</h3>{upgrade.html}"
+        f"<h3>Cache-only (the grid's write policies, host pool 2 x device)</h3>{only_html}",
+    )
     write_text_atomic(_demo_markdown(comparison, table, upgrade), args.out / "report.md")
     html = build_report(
         run_dirs,
@@ -290,8 +313,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         sections=[("sglang-upgrade", upgrade.title, upgrade.html)],
     )
     print(
-        f"\nreport: {html}  (also report.md, comparison.csv, upgrade.csv, hitrate.csv, "
-        "hitrate.png, runs/)"
+        f"\nreport: {html}  (also report.md, comparison.csv, upgrade.csv, "
+        "upgrade_cache_only.csv, hitrate.csv, hitrate.png, runs/)"
     )
     return 0
 

@@ -1,6 +1,6 @@
-"""What upgrading SGLang changes: the same timed setups run under two ``sglang.version`` values,
-side by side per write policy (hit rate per tier, TTFT), with one line per big difference and
-the cause SGLang's code gives for it (``../shared/design/SGLANG_0523.md``).
+"""What upgrading SGLang changes: the same setups run under two ``sglang.version`` values, side by
+side (hit rate per tier, and TTFT for timed runs), with one line per big difference and the
+cause SGLang's code gives for it (``../shared/design/SGLANG_0523.md``).
 
 Used by ``hicache-sim demo`` (terminal, report.md, report.html); any pair of summaries with a
 ``setup`` and an ``sglang_version`` works.
@@ -41,7 +41,9 @@ TTFT_CAUSE = (
     "into one copy per scheduler step"
 )
 
-COLUMNS = ("write policy", "version", "hit", "device", "host", "TTFT mean", "TTFT p90")
+COLUMNS = ("setup", "version", "hit", "device", "host", "TTFT mean", "TTFT p90")
+#: Rows without TTFT (the cache-only replay) leave those two columns out.
+CACHE_ONLY_COLUMNS = COLUMNS[:5]
 
 
 def _pct(x: float) -> str:
@@ -62,12 +64,16 @@ def upgrade_rows(old: Sequence[dict[str, Any]], new: Sequence[dict[str, Any]]) -
     out = []
     for a, b in _pairs(old, new):
         for r in (a, b):
-            out.append([
-                str(r["setup"]), str(r["sglang_version"]), _pct(r["hit_rate"]),
-                _pct(r["device_hit_rate"]), _pct(r["host_hit_rate"]),
-                f"{r['ttft_mean_s']:.2f} s", f"{r['ttft_p90_s']:.2f} s",
-            ])  # fmt: skip
+            row = [str(r["setup"]), str(r["sglang_version"]), _pct(r["hit_rate"]),
+                   _pct(r["device_hit_rate"]), _pct(r["host_hit_rate"])]  # fmt: skip
+            if "ttft_mean_s" in r:
+                row += [f"{r['ttft_mean_s']:.2f} s", f"{r['ttft_p90_s']:.2f} s"]
+            out.append(row)
     return out
+
+
+def _columns(old: Sequence[dict[str, Any]]) -> tuple[str, ...]:
+    return COLUMNS if old and "ttft_mean_s" in old[0] else CACHE_ONLY_COLUMNS
 
 
 def big_differences(old: Sequence[dict[str, Any]], new: Sequence[dict[str, Any]]) -> list[str]:
@@ -84,12 +90,15 @@ def big_differences(old: Sequence[dict[str, Any]], new: Sequence[dict[str, Any]]
             if not big and abs(d) >= HIT_FLOOR:
                 big = abs(d) >= HIT_RELATIVE * max(a[key], b[key])
             if big:
-                cause = CAUSES.get(setup, "the changed cache decisions (SGLANG_0523.md)")
+                policy = a.get("write_policy") or setup
+                cause = CAUSES.get(policy, "the changed cache decisions (SGLANG_0523.md)")
                 lines.append(
                     f"{setup}: {tier} hit rate {_pct(a[key])} ({va}) -> {_pct(b[key])} ({vb}), "
                     f"{d * 100:+.1f} points: {cause}"
                 )
         for key, what in (("ttft_mean_s", "TTFT mean"), ("ttft_p90_s", "TTFT p90")):
+            if key not in a or key not in b:
+                continue  # a cache-only row: no timing
             base = a[key]
             if base > 0 and abs(b[key] - base) / base >= TTFT_FRACTION:
                 lines.append(
@@ -99,22 +108,23 @@ def big_differences(old: Sequence[dict[str, Any]], new: Sequence[dict[str, Any]]
     if not lines:
         lines.append(
             f"no difference above {HIT_POINTS * 100:.1f} hit-rate points (or "
-            f"{HIT_RELATIVE:.0%} of a tier's hits) or {TTFT_FRACTION:.0%} TTFT on this trace"
+            f"{HIT_RELATIVE:.0%} of a tier's hits) or {TTFT_FRACTION:.0%} TTFT here"
         )
     return lines
 
 
 def format_upgrade(old: Sequence[dict[str, Any]], new: Sequence[dict[str, Any]]) -> str:
     """The comparison as text: the table, then the big differences."""
-    rows = [list(COLUMNS), *upgrade_rows(old, new)]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
+    cols = _columns(old)
+    rows = [list(cols), *upgrade_rows(old, new)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
     text = [" ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
     return "\n".join(text + big_differences(old, new))
 
 
 def upgrade_html(old: Sequence[dict[str, Any]], new: Sequence[dict[str, Any]]) -> str:
     """The comparison as an HTML fragment (a table and a list), for the report."""
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in COLUMNS)
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in _columns(old))
     body = "".join(
         "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>"
         for r in upgrade_rows(old, new)

@@ -106,3 +106,23 @@ def test_upgrade_part_sets_both_sglang_releases_side_by_side(demo: tuple[Path, s
     sel = "write_through_selective"
     if abs(new.loc[sel, "host_hit_rate"] - old.loc[sel, "host_hit_rate"]) >= 0.005:
         assert f"{sel}: host hit rate {old.loc[sel, 'host_hit_rate']:.2%} (0.5.14)" in stdout
+
+
+def test_upgrade_part_has_the_cache_only_grid_under_both_releases(
+    demo: tuple[Path, str],
+) -> None:
+    out, stdout = demo
+    df = pd.read_csv(out / "upgrade_cache_only.csv", dtype={"sglang_version": str})
+    assert len(df) == 18 and list(df["sglang_version"]) == ["0.5.14"] * 9 + ["0.5.23"] * 9
+    old = df[df["sglang_version"] == "0.5.14"].reset_index(drop=True)
+    new = df[df["sglang_version"] == "0.5.23"].reset_index(drop=True)
+    assert list(old["setup"]) == list(new["setup"])
+    assert "write_through_selective @ 1 M device" in set(old["setup"])
+    # 0.5.14's rows are the grid's own (hitrate.csv)
+    grid = pd.read_csv(out / "hitrate.csv")
+    sel = grid[(grid["write_policy"] == "write_through_selective") & (grid["device_tokens"] == 1e6)]
+    assert old.loc[
+        old["setup"] == "write_through_selective @ 1 M device", "host_hit_rate"
+    ].item() == (pytest.approx(sel["host_hit_rate"].item()))
+    assert "changes, cache-only (the grid's write policies)" in stdout
+    assert "Cache-only (the grid" in (out / "report.html").read_text(encoding="utf-8")
