@@ -69,9 +69,13 @@ CASES: dict[str, tuple[Path, list[str]]] = {
 
 
 @pytest.mark.interpreted_only  # switches the fast paths off by patching methods
+@pytest.mark.parametrize("version", ["0.5.14", "0.5.23"])
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_spanned_segments_change_nothing(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_spanned_segments_change_nothing(
+    case: str, version: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path, sets = CASES[case]
+    sets = [*sets, f"sglang.version={version}"]
     ref = _run(path, sets, span=False, mp=monkeypatch)
     new = _run(path, sets, span=True, mp=monkeypatch)
     assert ref["spanned"] == 0
