@@ -13,9 +13,30 @@ from typing import Any
 
 from hicache.policy import ManualController, PageAllocator
 from hicache.policy.radix import to_page_key
+from hicache.policy.storage import PageHasher, PageStore
 from hicache.policy.v0523 import UnifiedRadixCache, UNode
+from hicache.policy.v0523.l3 import StorageAttachment, prefetch_kvcache
+from hicache.policy.v0523.l3_controller import StorageController0523
 
 Path = tuple[int, ...]
+
+
+class RecordingHasher(PageHasher):
+    """Our page keys, remembering each key's token prefix (so stored pages compare across
+    implementations as prefixes)."""
+
+    def __init__(self, page_size: int) -> None:
+        super().__init__()
+        self.page_size = page_size
+        self.prefix: dict[int, tuple[int, ...]] = {0: ()}
+
+    def chain(self, last: int, symbols: Any) -> list[int]:
+        out = super().chain(last, symbols)
+        before = self.prefix[last]
+        for k, sym in zip(out, symbols, strict=True):
+            before = before + tuple(_flat((sym,), self.page_size))
+            self.prefix.setdefault(k, before)
+        return out
 
 
 def _flat(key: tuple[Hashable, ...], page_size: int) -> list[int]:
@@ -43,7 +64,10 @@ class OursUnifiedCache:
         core: str = "ours",
         eviction_policy_config: dict[str, Any] | None = None,
         fast_victims: bool = True,
+        l3: dict[str, Any] | None = None,
     ) -> None:
+        """``l3``: attach the storage tier (keys ``prefetch_policy``, ``threshold``,
+        ``batch_pages``, ``timeout_base``, ``timeout_per_ki_token``)."""
         self.page_size = page_size
         self.device = PageAllocator(device_pages, page_size, name="device")
         self.host = PageAllocator(host_pages, page_size, name="host") if host_pages else None
@@ -57,6 +81,26 @@ class OursUnifiedCache:
         )
         self._locks: dict[int, UNode] = {}
         self._next_lock = 0
+        self.l3: StorageAttachment | None = None
+        if l3 is not None:
+            assert self.host is not None
+            self.hasher = RecordingHasher(page_size)
+            sc = StorageController0523(
+                self.host,
+                PageStore(),
+                threshold=l3["threshold"],
+                hasher=self.hasher,
+                batch_pages=l3["batch_pages"],
+            )
+            self.l3 = StorageAttachment(
+                self.cache,
+                sc,
+                prefetch_policy=l3["prefetch_policy"],
+                prefetch_threshold=l3["threshold"],
+                timeout_base=l3["timeout_base"],
+                timeout_per_ki_token=l3["timeout_per_ki_token"],
+            )
+            self.cache.storage = self.l3
 
     # -- helpers ---------------------------------------------------------------------------
     def path(self, node: UNode) -> Path:
@@ -172,10 +216,119 @@ class OursUnifiedCache:
     def finish_loads(self, count: int | None) -> int:
         return self.ctrl.complete_loads(count)
 
+    # -- L3 --------------------------------------------------------------------------------
+    def prefetch(
+        self, rid: str, tokens: list[int], limit: int, now: float, storage_hit_end: int | None
+    ) -> dict[str, Any]:
+        """The scheduler's ``_prefetch_kvcache``: its match, then the prefetch; returns the
+        match and the matched length."""
+        assert self.l3 is not None
+        key = self._key(tokens, limit)
+        m = self.cache.match_prefix(key)
+        matched = prefetch_kvcache(self.l3, rid, key, m, limit, now, storage_hit_end)
+        return {"best": self.path(m.best), "matched": matched}
+
+    def check_prefetch(self, rid: str, now: float) -> bool:
+        assert self.l3 is not None
+        return self.l3.check_prefetch_progress(rid, now)
+
+    def pop_span(self, rid: str) -> tuple[int, int | None]:
+        assert self.l3 is not None
+        return self.l3.pop_prefetch_loaded_span(rid)
+
+    def finish_admission(self, rid: str) -> None:
+        assert self.l3 is not None
+        self.l3.finish_admission(rid)
+
+    def abort(self, rid: str) -> None:
+        assert self.l3 is not None
+        self.l3.release_aborted_request(rid)
+
+    def retry_pass(self, waiting: list[Any], interval: int, max_attempts: int) -> list[Any]:
+        assert self.l3 is not None
+        return [(r.rid, end) for r, end in self.l3.retries.pop_ready(waiting, interval, max_attempts)]
+
+    def cancel_retry(self, rid: str) -> None:
+        assert self.l3 is not None
+        self.l3.retries.cancel(rid)
+
+    def query_step(self) -> bool:
+        """One query call, and the ops before it that need none; True if any op moved."""
+        assert self.l3 is not None
+        c = self.l3.ctrl
+        before = len(c.prefetch_hit_queue)
+        c.run_query()
+        return len(c.prefetch_hit_queue) != before
+
+    def read_step(self) -> bool:
+        """One read call, and the ops before it that need none; True if anything moved."""
+        assert self.l3 is not None
+        c = self.l3.ctrl
+        before = len(c.ack_prefetch_queue)
+        c.run_read()
+        return len(c.ack_prefetch_queue) != before
+
+    def backup_step(self) -> bool:
+        assert self.l3 is not None
+        return self.l3.ctrl.run_write()
+
+    def l3_put(self, tokens: list[int]) -> None:
+        assert self.l3 is not None
+        key = to_page_key(tokens[: len(tokens) - len(tokens) % self.page_size], self.page_size)
+        self.l3.ctrl.store.set(self.hasher.chain(0, key))
+
+    def l3_state(self) -> dict[str, Any]:
+        a = self.l3
+        assert a is not None
+        c, ps = a.ctrl, self.page_size
+        release: list[int] = []
+        for x in c.host_mem_release_queue:
+            release += x
+        return {
+            "ongoing_prefetch": sorted(
+                (
+                    rid,
+                    self.path(i.anchor),
+                    i.tokens,
+                    i.host_pages,
+                    i.op.completed_tokens,
+                    i.op.terminated,
+                    i.op.storage_hit_count,
+                )
+                for rid, i in a.ongoing_prefetch.items()
+            ),
+            "occupied": c.prefetch_tokens_occupied,
+            "query_queue": [(op.rid, len(op.symbols) * ps) for op in c.prefetch_queue],
+            "hit_queue": [(op.rid, op.storage_hit_count) for op in c.prefetch_hit_queue],
+            "read_queue": [(op.rid, op.read_pages, op.io_pages) for op in c.prefetch_buffer],
+            "ack_queue": [
+                (k.op.rid, k.completed_tokens, k.completed_req) for k in c.ack_prefetch_queue
+            ],
+            "backup_queue": [(len(op.hash_value), op.done_pages) for op in c.backup_queue],
+            "ack_backup": len(c.ack_backup_queue),
+            "ongoing_backup": sorted(self.path(n) for n, _ in a.ongoing_backup.values()),
+            "release_queue": release,
+            "waits": sorted(
+                (rid, w.started_at, w.timeout_s, w.expired) for rid, w in a.waits.items()
+            ),
+            "retries": sorted(
+                (rid, r.immediate, r.storage_hit_end, r.due_step)
+                for rid, r in a.retries.pending.items()
+            ),
+            "retry_step": a.retries.step,
+            "loaded": sorted(a.loaded_tokens.items()),
+            "loaded_start": sorted(a.loaded_start.items()),
+            "store_pages": len(c.store),
+        }
+
     def coverage(self) -> dict[str, int]:
         """What this sequence exercised (counts, for the run's report)."""
         st = self.cache.stats
-        return {
+        extra: dict[str, int] = {}
+        if self.l3 is not None:
+            extra = {f"l3_{k}": v for k, v in self.l3.stats.as_dict().items()}
+            extra.update({f"l3_{k}": v for k, v in vars(self.l3.ctrl.counts).items()})
+        return extra | {
             "load_backs": st.load_back_calls,
             "tokens_loaded": st.loaded_tokens,
             "load_back_failures": st.load_back_failures,
@@ -221,7 +374,8 @@ class OursUnifiedCache:
             return [op.node_id] if op.node_ids is None else list(op.node_ids)
 
         ctrl = self.ctrl
-        return {
+        out: dict[str, Any] = {} if self.l3 is None else {"l3": self.l3_state()}
+        return out | {
             "nodes": nodes,
             "root_lock_ref": self.cache.root.lock_ref,
             "evictable_size": self.cache.evictable_size(),

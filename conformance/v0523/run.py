@@ -181,10 +181,19 @@ class Driver:
             return None
         raise ValueError(kind)
 
-    def serve(self, prompt: list[int], output: list[int], priority: int, chunk: bool) -> Any:
+    def serve(
+        self,
+        prompt: list[int],
+        output: list[int],
+        priority: int,
+        chunk: bool,
+        m: dict[str, Any] | None = None,
+    ) -> Any:
+        """One request from its match (``m``: the match the admission loop already made)."""
         s, ps = self.side, self.ps
         limit = len(prompt) - 1
-        m = s.match(prompt, limit)
+        if m is None:
+            m = s.match(prompt, limit)
         loaded, node = s.init_load_back(prompt, limit)
         lk = s.lock(node)
         prefix = list(m["device_pages"]) + list(loaded)
@@ -337,7 +346,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cores", default="python,rust", help="real TreeCores to compare against")
     ap.add_argument("--self-test", action="store_true", help="our core on both sides")
     ap.add_argument("--out", default="runs/conformance-0.5.23")
+    ap.add_argument("--l3", action="store_true", help="L3 sequences (run_l3)")
     args = ap.parse_args(argv)
+    if args.l3:
+        return _main_l3(args)
     cs = combos(
         [int(p) for p in args.page_sizes.split(",")],
         args.policies.split(","),
@@ -398,6 +410,61 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "conformance.json").write_text(json.dumps(report, indent=1, default=str))
+    return 1 if bad else 0
+
+
+def _main_l3(args: argparse.Namespace) -> int:
+    from conformance.v0523 import run_l3
+
+    cs = run_l3.l3_combos(
+        [int(p) for p in args.page_sizes.split(",")],
+        args.policies.split(","),
+        args.evictions.split(","),
+    )
+    if args.self_test:
+        rights: dict[str, Any] = {"ours": run_l3.ours_l3}
+    else:
+        rights = {core: run_l3.real_factory(core) for core in args.cores.split(",")}
+    report: dict[str, Any] = {"totals": {}, "mismatches": []}
+    bad = 0
+    for core, right in rights.items():
+        n = 0
+        t0 = time.process_time()
+        cov: Counter[str] = Counter()
+        for ci, combo in enumerate(cs):
+            for k in range(args.sequences):
+                seed = hash((args.seed, ci, k)) & 0xFFFFFFFF
+                view = run_l3.rust_view if core == "rust" else canonical
+                res = run_l3.run_l3_sequence(
+                    combo, seed, args.steps, run_l3.ours_l3, right, view, cov
+                )
+                n += 1
+                if res:
+                    bad += 1
+                    res["core"] = core
+                    report["mismatches"].append(res)
+                    print(
+                        f"MISMATCH [{core}] {res['combo']} seed={seed} step={res['step']}: "
+                        f"{res['op'][:120]}\n   {res['diff'][:400]}",
+                        flush=True,
+                    )
+        mism = sum(1 for m in report["mismatches"] if m["core"] == core)
+        report["totals"][core] = {
+            "sequences": n,
+            "steps": n * args.steps,
+            "mismatches": mism,
+            "cpu_s": round(time.process_time() - t0, 1),
+            "coverage": dict(cov),
+        }
+        print(f"[{core}] L3 exercised: {dict(cov)}", flush=True)
+        print(
+            f"[{core}] L3: {n} sequences x {args.steps} steps over {len(cs)} combinations: "
+            f"{mism} mismatching",
+            flush=True,
+        )
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "conformance-l3.json").write_text(json.dumps(report, indent=1, default=str))
     return 1 if bad else 0
 
 

@@ -372,7 +372,10 @@ class RealUnifiedCache:
         eviction_policy: str,
         core: str,
         eviction_policy_config: dict[str, Any] | None = None,
+        extra_server_args: dict[str, Any] | None = None,
     ) -> None:
+        """``extra_server_args``: more ``ServerArgs`` fields (the L3 side sets its storage
+        flags here)."""
         if write_policy not in WRITE_POLICIES:
             raise ValueError(write_policy)
         if core not in ("python", "rust"):
@@ -396,6 +399,7 @@ class RealUnifiedCache:
             hicache_io_backend="direct",
             hicache_mem_layout="layer_first",
             radix_eviction_policy=eviction_policy,
+            **(extra_server_args or {}),
         )
         set_global_server_args_for_scheduler(server_args)
         self.kv_pool = MHATokenToKVPool(

@@ -90,7 +90,7 @@ class UnifiedRadixCache:
         self.stats = CacheStats()
         """Running totals (tokens), the same fields as 0.5.14's."""
         self.storage: Any = None
-        """The L3 tier: not modelled for 0.5.23 yet (always None)."""
+        """The L3 tier (:class:`~hicache.policy.v0523.l3.StorageAttachment`), None without one."""
         self.defects: dict[str, int] = {}
         """0.5.14's defects this run met: none is open on 0.5.23's L1/L2 path
         (SGLANG_0523.md §3), so nothing is counted."""
@@ -104,6 +104,8 @@ class UnifiedRadixCache:
         self.tree.reset()
         self.ongoing_write_through.clear()
         self.ongoing_load_back.clear()
+        if self.storage is not None:
+            self.storage.reset()
         self.controller.reset()
 
     # -- the tree's sink -------------------------------------------------------------------
@@ -317,6 +319,11 @@ class UnifiedRadixCache:
                 self.tree.update_duplicate(n)
         if pending.locked:
             self.tree.dec_lock_ref(pending.node)
+        storage = self.storage
+        if storage is not None:
+            # each fragment: after a split the acked node holds only the suffix
+            for n in pending.publish:
+                storage.write_backup_storage(n)
 
     def flush_pending_backups(self) -> None:
         """Submit the queued backups as one merged op (once per batch result)."""
@@ -394,7 +401,12 @@ class UnifiedRadixCache:
                 self.tree.finish_load_back(lb.anchor)
 
     def check_hicache_events(self) -> None:
-        """Per scheduler step: submit queued backups, then process finished acks."""
+        """Per scheduler step: submit queued backups, then process finished acks, then (L3)
+        the storage queues, as long as each was when the step began."""
         self.flush_pending_backups()
+        storage = self.storage
+        sizes = storage.queue_sizes() if storage is not None else None
         self.writing_check()
         self.loading_check()
+        if storage is not None:
+            storage.drain(sizes)

@@ -411,19 +411,88 @@ class TreeCore(TreeRemoval):
         new.parent = parent
         new.key = key
         if self.tlru:
-            new.tlru_cached_prefix_len = parent.tlru_cached_prefix_len + len(key) * self.page_size
-            if new.tlru_history_len < new.tlru_cached_prefix_len:
-                new.tlru_history_len = new.tlru_cached_prefix_len
-            cur: UNode | None = parent
-            while cur is not None and cur.tlru_history_len < new.tlru_cached_prefix_len:
-                cur.tlru_history_len = new.tlru_cached_prefix_len
-                cur = cur.parent
+            self._tlru_lens(new, parent)
         new.value = list(value)
         parent.children[child_key(key, 0, None)] = new
         self.evictable_size += self.tokens(new.value)
         self.update_leaf_sets(new)
         self.update_leaf_sets(parent)
         return new
+
+    def _tlru_lens(self, new: UNode, parent: UNode) -> None:
+        """``_set_tlru_lens_and_raise_history``."""
+        new.tlru_cached_prefix_len = parent.tlru_cached_prefix_len + len(new.key) * self.page_size
+        if new.tlru_history_len < new.tlru_cached_prefix_len:
+            new.tlru_history_len = new.tlru_cached_prefix_len
+        cur: UNode | None = parent
+        while cur is not None and cur.tlru_history_len < new.tlru_cached_prefix_len:
+            cur.tlru_history_len = new.tlru_cached_prefix_len
+            cur = cur.parent
+
+    def insert_host(
+        self,
+        anchor: UNode,
+        key: tuple[Hashable, ...],
+        host_value: list[int],
+        hash_value: list[int],
+    ) -> tuple[int, bool]:
+        """``insert_host``: attach pages fetched from L3 below ``anchor``; returns
+        ``(prefix_len, dropped)``. Under write-through, matched nodes without a host copy are
+        refilled from the fetch and ``prefix_len`` counts the already backed-up overlap (whose
+        fetched pages the caller frees); a tail under an unbacked node is dropped. Under
+        write_back nothing is refilled, ``prefix_len`` is the whole overlap and the new host node
+        may sit under a device-only parent."""
+        ps, wb = self.page_size, self.is_write_back
+        node = anchor
+        node.last_access_time = self.tick()
+        if not key:
+            return 0, False
+        off = matched = host_prefix = 0
+        refilled = False
+        while off < len(key):
+            child = node.children.get(child_key(key, off, None))
+            if child is None:
+                break
+            node = child
+            node.last_access_time = self.tick()
+            plen = match_len(node.key, key, off)
+            if plen < len(node.key):
+                node = self.split(node, plen)
+            if not wb:
+                if node.host_value is None:
+                    node.host_value = host_value[off : off + plen]
+                    if node.hash_value is None:
+                        node.hash_value = hash_value[off : off + plen]
+                    self.update_leaf_sets(node)
+                    if node.parent is not None:
+                        self.update_leaf_sets(node.parent)
+                    self.update_duplicate(node)
+                    refilled = True
+                else:
+                    if refilled:
+                        raise AssertionError(
+                            f"write-through host-prefix invariant broken: backed node {node.id} "
+                            "below a refilled node"
+                        )
+                    host_prefix += plen * ps
+            matched += plen * ps
+            off += plen
+        prefix = matched if wb else host_prefix
+        if off >= len(key):
+            return prefix, False
+        if node is not self.root and node.host_value is None and not wb:
+            return prefix, True
+        new = self._new_node(priority=node.priority)
+        new.parent = node
+        new.key = key[off:]
+        if self.tlru:
+            self._tlru_lens(new, node)
+        new.hash_value = hash_value[off:]
+        new.host_value = host_value[off:]
+        node.children[child_key(key, off, None)] = new
+        self.update_leaf_sets(new)
+        self.update_leaf_sets(node)
+        return prefix, False
 
     # ------------------------------------------------------------ load back --
     def load_back_chain(self, anchor: UNode) -> list[UNode] | None:
