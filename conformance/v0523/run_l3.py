@@ -15,7 +15,8 @@ What the scheduler does around the storage tier is written once here for both si
   it stays), ``pop_prefetch_loaded_span``, the match, the device-hit-loss re-query
   (``_prefetch_after_device_hit_loss``: a shorter match than at its last query re-issues and
   the request stays, up to the attempt cap), then the L1/L2 ``serve`` with that match,
-  ``finish_storage_prefetch_admission`` and the retry's ``cancel``;
+  ``finish_storage_prefetch_admission`` and the retry's ``cancel``; one admission in five is
+  refused after the checks (``add_one_req`` with a full batch), and the request stays queued;
 * ``abort`` -- ``release_aborted_request`` of a waiting request;
 * ``query`` / ``read`` / ``backup`` -- one step of the storage threads; ``put`` -- pages another
   server stored; ``tick`` -- the clock moves on (dyadic steps, so the timeout comparisons are
@@ -29,6 +30,7 @@ compared after each step.
 from __future__ import annotations
 
 import random
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,7 +47,7 @@ TIMEOUT_BASE = 0.5
 TIMEOUT_PER_KI_TOKEN = 256.0
 TICKS = (0.125, 0.25, 0.5, 1.0, 2.0)
 #: retry pass (the defaults are 8 and 8; small so that retries happen within a sequence)
-RETRY_INTERVAL = 2
+RETRY_INTERVAL = 1
 RETRY_MAX_ATTEMPTS = 3
 
 
@@ -95,7 +97,8 @@ class L3Sequence(Sequence):
                 output = [r.randrange(1, 4) for _ in range(r.randrange(0, 3 * ps))]
                 out.append(("arrive", prompt, output, r.randrange(0, 3), r.random() < 0.25))
             elif x < 0.30:
-                out.append(("admit", r.randrange(8)))
+                # one in five admissions is refused after the checks (a full batch, no tokens)
+                out.append(("admit", r.randrange(8), r.random() < 0.2))
             elif x < 0.33:
                 out.append(("abort", r.randrange(8)))
             elif x < 0.43:
@@ -133,6 +136,7 @@ class L3Driver(Driver):
         self.waiting: list[Waiting] = []
         self.now = 0.0
         self.next_rid = 0
+        self.counts: Counter[str] = Counter()
 
     def _prefetch(self, w: Waiting, end: int | None = None) -> Any:
         r = self.side.prefetch(w.rid, w.prompt, len(w.prompt) - 1, self.now, end)
@@ -147,7 +151,7 @@ class L3Driver(Driver):
             self.waiting.append(w)
             return self._prefetch(w)
         if kind == "admit":
-            return self.admit(op[1])
+            return self.admit(op[1], op[2])
         if kind == "abort":
             if not self.waiting:
                 return None
@@ -158,6 +162,8 @@ class L3Driver(Driver):
             s.check_hicache_events()
             out = []
             for rid, end in s.retry_pass(self.waiting, RETRY_INTERVAL, RETRY_MAX_ATTEMPTS):
+                self.counts["retries_issued"] += 1
+                self.counts["retries_with_hit_end"] += end is not None
                 w = next(x for x in self.waiting if x.rid == rid)
                 w.storage_prefetch_retry_attempts += 1
                 out.append((rid, end, self._prefetch(w, end)))
@@ -176,14 +182,20 @@ class L3Driver(Driver):
             return self.now
         return super().step(op)
 
-    def admit(self, index: int) -> Any:
+    def admit(self, index: int, refused: bool = False) -> Any:
+        """The admission loop on one request; ``refused``: ``add_one_req`` turns it away after
+        the storage checks (it stays queued, its L3 credit kept as ``storage_hit_length``)."""
         if not self.waiting:
             return None
         s, ps = self.side, self.ps
         w = self.waiting[index % len(self.waiting)]
         if not s.check_prefetch(w.rid, self.now):
+            self.counts["admit_pending"] += 1
             return "pending"
         span = s.pop_span(w.rid)
+        if span[0] > 0:
+            w.extra["storage_hit"] = span
+        self.counts["admitted_with_l3_tokens"] += span[0]
         m = s.match(w.prompt, len(w.prompt) - 1)
         current = len(m["device_pages"]) * ps + m["host_hit"]
         if w.last_match_len and current < w.last_match_len:
@@ -191,7 +203,11 @@ class L3Driver(Driver):
                 w.last_match_len = current
             else:
                 w.storage_prefetch_retry_attempts += 1
+                self.counts["device_hit_loss_requery"] += 1
                 return {"span": span, "requery": self._prefetch(w)}
+        if refused:
+            self.counts["admission_refused"] += 1
+            return {"span": span, "refused": True}
         res = self.serve(w.prompt, w.output, w.priority, w.chunk, m)
         s.finish_admission(w.rid)
         s.cancel_retry(w.rid)
@@ -253,6 +269,7 @@ def run_l3_sequence(
                 }
         if coverage is not None:
             coverage.update(a.side.coverage())
+            coverage.update(a.counts)
         return None
     finally:
         for d in (a, b):
