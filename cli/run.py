@@ -351,11 +351,17 @@ def format_hitrate_table(rows: list[dict[str, Any]], inf: float, n_requests: int
 
 def _format_l3_table(rows: list[dict[str, Any]], inf: float, n_requests: int) -> str:
     """The hit-rate table with an L3 column set (device / host / storage hit rates)."""
-    lines = [
-        f"{n_requests} requests; infinite-capacity hit rate {inf:.2%} (the best any policy can do)",
+    head = (
         f"{'eviction':>8} {'write_policy':>23} {'device':>11} {'host':>11} {'storage':>11} "
         f"{'prefetch':>13} {'hit':>6} {'device':>6} {'host':>6} {'L3':>6} {'L3 read':>12} "
-        f"{'L3 written':>12}",
+        f"{'L3 written':>12}"
+    )
+    versions = any(r.get("sglang_version", "0.5.14") != "0.5.14" for r in rows)
+    if versions:
+        head = f"{'sglang':>7} {head}"
+    lines = [
+        f"{n_requests} requests; infinite-capacity hit rate {inf:.2%} (the best any policy can do)",
+        head,
     ]
     for r in rows:
         size = f"{r['storage_tokens']:,}" if r.get("storage_tokens") else "unlimited"
@@ -363,7 +369,8 @@ def _format_l3_table(rows: list[dict[str, Any]], inf: float, n_requests: int) ->
         if not r.get("storage"):
             size = policy = "-"
         lines.append(
-            f"{r['eviction']:>8} {r['write_policy']:>23} {r['device_tokens']:>11,} "
+            (f"{r.get('sglang_version', ''):>7} " if versions else "")
+            + f"{r['eviction']:>8} {r['write_policy']:>23} {r['device_tokens']:>11,} "
             f"{r['host_tokens']:>11,} {size:>11} {policy:>13} "
             f"{r['hit_rate']:>6.2%} {r['device_hit_rate']:>6.2%} {r['host_hit_rate']:>6.2%} "
             f"{r['storage_hit_rate']:>6.2%} {r['storage_read_tokens']:>12,} "

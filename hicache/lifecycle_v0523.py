@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from hicache.lifecycle import OUTPUT_MODES, PagedRequest, extend_page_key, prompt_page_key
 from hicache.policy.radix import PageKey
 from hicache.policy.v0523 import UnifiedRadixCache, UNode
+from hicache.policy.v0523.l3 import prefetch_kvcache
 from hicache.policy.v0523.tree import Match
 
 
@@ -121,9 +122,42 @@ class KVLifecycle0523:
         return ReqKV23(key=key, kv=prefix, last_node=last, protected_pages=len(prefix),
                        prompt_pages=prompt_pages)  # fmt: skip
 
-    def prefetch(self, rid: Hashable, key: PageKey, fill_len: int, now: float) -> bool:
-        """No L3 tier for 0.5.23 yet: nothing is ever prefetched."""
-        return False
+    def prefetch(
+        self,
+        rid: Hashable,
+        key: PageKey,
+        fill_len: int,
+        now: float,
+        storage_hit_end: int | None = None,
+    ) -> int:
+        """A request enters the waiting queue with an L3 tier attached (``_prefetch_kvcache``):
+        match it now (with the match's side effects) and query L3 for what follows the cached
+        prefix; returns the matched length (-1 without a tier). ``storage_hit_end``: a retry's
+        known hit end."""
+        storage = self.cache.storage
+        if storage is None:
+            return -1
+        m = self.match(key, fill_len)
+        limit = max(0, fill_len - 1)
+        return prefetch_kvcache(storage, rid, _as_tuple(key), m, limit, now, storage_hit_end)
+
+    def prefetch_done(self, rid: Hashable, now: float) -> int:
+        """The admission loop's check (``check_prefetch_progress``, then
+        ``pop_prefetch_loaded_span``): -1 while the prefetch must go on, else the tokens L3
+        added to the host tier for it (its credit, often 0)."""
+        storage = self.cache.storage
+        if storage is None:
+            return 0
+        if not storage.check_prefetch_progress(rid, now):
+            return -1
+        return storage.pop_prefetch_loaded_span(rid)[0]
+
+    def admitted(self, rid: Hashable) -> None:
+        """``finish_storage_prefetch_admission`` and the retry's cancel, once admitted."""
+        storage = self.cache.storage
+        if storage is not None:
+            storage.finish_admission(rid)
+            storage.retries.cancel(rid)
 
     # -------------------------------------------------------------------------- memory --
     def alloc(self, pages: int, evict_tokens: int) -> list[int] | None:

@@ -89,11 +89,6 @@ class HitRateConfig:
         if self.sglang_version == "0.5.14" and self.eviction == "tlru":
             raise ValueError("eviction=tlru is SGLang's since 0.5.21: use sglang_version 0.5.23")
         if self.sglang_version != "0.5.14":
-            if self.storage:
-                raise ValueError(
-                    f"the L3 tier is modelled for SGLang 0.5.14 only (not yet for "
-                    f"{self.sglang_version}); set sglang.version=0.5.14 to use it"
-                )
             if self.eviction == "oracle":
                 raise ValueError("eviction=oracle is available with SGLang 0.5.14 only")
         if p < 1:
@@ -305,13 +300,47 @@ class CacheReplay0523:
         )
         self.life = KVLifecycle0523(self.cache, cfg.outputs)
         self.result = HitRateResult()
+        self.storage: Any = None
+        if cfg.storage:
+            from hicache.policy.v0523.l3 import StorageAttachment
+            from hicache.policy.v0523.l3_controller import StorageController0523
+
+            assert self.host is not None
+            cap = cfg.storage_tokens // cfg.page_size or None
+            self.storage = StorageController0523(
+                self.host,
+                PageStore(cap),
+                threshold=cfg.prefetch_threshold,
+                immediate=cfg.prefetch_policy != "best_effort",
+            )
+            self.cache.storage = StorageAttachment(
+                self.cache,
+                self.storage,
+                prefetch_policy=cfg.prefetch_policy,
+                prefetch_threshold=cfg.prefetch_threshold,
+            )
 
     def step(self, r: PagedRequest) -> tuple[int, int]:
-        """Serve one request; returns (device-hit tokens, loaded host-hit tokens)."""
+        """Serve one request; returns (device-hit tokens, loaded host-hit tokens).
+
+        With L3: the arrival's query, then two scheduler passes before admission (the hit is
+        allocated and read in the first, the completion ack inserts it in the second: storage
+        I/O takes no time here), then the admission check. Under best_effort the check comes
+        first and ends the prefetch before its query returns, as for a lone request in SGLang."""
         cache, life, p, res = self.cache, self.life, self.cfg.page_size, self.result
         res.requests += 1
         res.prompt_tokens += r.input_length
         key = life.prompt_key(r)
+        credit = 0
+        storage = self.storage
+        if storage is not None:
+            now = float(res.requests)
+            life.prefetch(r.rid, key, r.input_length, now)
+            cache.check_hicache_events()
+            cache.check_hicache_events()
+            credit = life.prefetch_done(r.rid, now)
+            assert credit >= 0, "a prefetch outlived its check in the cache-only replay"
+            life.admitted(r.rid)
         a = life.admit(key, r.input_length)
         if a.loaded_pages:
             # launched before the prefill's allocation; its ack is drained with the step's
@@ -329,9 +358,13 @@ class CacheReplay0523:
             cache.check_hicache_events()
         else:
             res.oom_requests += 1
+        if storage is not None and not storage.immediate:
+            storage.run_all()  # best_effort: the stages finish after the request has left
         dev, loaded = a.device_pages * p, a.loaded_pages * p
+        from_l3 = min(loaded, credit)
         res.device_hit_tokens += dev
-        res.host_hit_tokens += loaded
+        res.host_hit_tokens += loaded - from_l3
+        res.storage_hit_tokens += from_l3
         return dev, loaded
 
     def finish(self) -> HitRateResult:
@@ -342,6 +375,11 @@ class CacheReplay0523:
         res.host_evicted_tokens = st.host_evicted_tokens
         res.host_alloc_failures = ctrl.host_alloc_failures
         res.load_back_failures = st.load_back_failures
+        if self.storage is not None:
+            ps = self.cfg.page_size
+            res.prefetches_issued = self.cache.storage.stats.prefetch_issued
+            res.storage_read_tokens = self.storage.stats.pages_read * ps
+            res.storage_written_tokens = self.storage.store.pages_written * ps
         return res
 
 

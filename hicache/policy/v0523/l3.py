@@ -496,6 +496,8 @@ class StorageAttachment:
         op.allocated = True
         info.host_pages = pages
         self.ctrl.start_transfer(op)
+        if self.ctrl.immediate:
+            self.ctrl.run_all()
 
     def reset(self) -> None:
         """``_reset_full``'s storage part: every tracked prefetch and backup is dropped with
@@ -525,7 +527,18 @@ def prefetch_kvcache(
     ps = attachment.page_size
     matched = len(match.device_pages) * ps + match.host_hit_length
     anchor = match.best
-    if anchor.host_value is not None or anchor is attachment.tree.root:
+    if anchor.host_value is None and anchor is not attachment.tree.root:
+        if not attachment.tree.is_write_back:
+            return matched  # an unbacked prefix: nothing after it is in L3 (write-through)
+        # still open in 0.5.23 (SGLANG_0523.md §3, b6): under write_back a device-only best
+        # match issues no prefetch at all, whatever L3 holds after it
+        span = (match_end - matched) // ps * ps
+        if span >= attachment.prefetch_threshold:
+            defects = attachment.cache.defects
+            defects["B6"] = defects.get("B6", 0) + 1
+            tokens = attachment.cache.defect_tokens
+            tokens["B6"] = tokens.get("B6", 0) + span
+    else:
         attachment.prefetch_from_storage(
             rid,
             anchor,
