@@ -164,7 +164,6 @@ def _demo_timed(args: argparse.Namespace, trace: Any) -> tuple[list[Path], str, 
     jobs = [
         (name, [*ov, *shared], str(args.trace), str(args.out / "runs" / _run_dir_name(name)))
         for name, ov in DEMO_SETUPS
-        if main == "0.5.14" or "storage.backend" not in " ".join(ov)  # L3: 0.5.14 only
     ]
     n_main = len(jobs)
     for name, ov in DEMO_SETUPS:
@@ -230,9 +229,11 @@ def _demo_hitrate(
             configs.append(HitRateConfig(dev, host, page, "lru", wp, sglang_version=main))
         configs.append(HitRateConfig(dev, 0, page, "lru", "write_through", sglang_version=main))
         # an unlimited L3 store behind write_through (hitrate --storage-tokens unlimited):
-        # storage I/O is instant here, so this is what L3 can add at best (0.5.14's L3 only)
-        if main == "0.5.14":
-            configs.append(HitRateConfig(dev, host, page, "lru", "write_through", storage=True))
+        # storage I/O is instant here, so this is what L3 can add at best
+        configs.append(
+            HitRateConfig(dev, host, page, "lru", "write_through", storage=True,
+                          sglang_version=main)
+        )  # fmt: skip
     # the write policies under the other release too: the upgrade comparison's cache-only part
     twins = [replace(c, sglang_version=other) for c in configs if c.host_tokens and not c.storage]
     both = run_hitrate_grid(trace, configs + twins, jobs=args.jobs)

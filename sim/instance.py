@@ -77,10 +77,6 @@ class Instance:
                 Scheduler,
             )
         else:
-            if storage is not None:
-                raise ValueError(
-                    f"the L3 tier is modelled for SGLang 0.5.14 only, not {sglang_version}"
-                )
             self.cache, kind = (
                 UnifiedRadixCache(
                     self.ctrl,
@@ -98,7 +94,6 @@ class Instance:
         self.done = 0
         self.storage: SimStorage | None = None
         if storage is not None:
-            assert isinstance(self.cache, HiRadixCache)
             self.storage = storage.attach(env, index, self.cache, self.host, device_tokens)
             self.storage.listeners.append(self._on_storage_call)
 

@@ -19,6 +19,7 @@ from hicache.policy import HiRadixCache
 from sim.cache_types import AnyCache, AnyLife
 
 if TYPE_CHECKING:
+    from hicache.policy.storage import PrefetchOp
     from sim.admission import PrefillBudget
     from sim.scheduler import SchedulerParams, SimReq
 
@@ -46,6 +47,11 @@ class Prefetching:
 
     def wake(self) -> None:
         raise NotImplementedError
+
+    def _hicache_events(self) -> None:
+        """``_process_hicache_events``: the cache's events (0.5.23's scheduler adds the L3
+        retry pass)."""
+        self.cache.check_hicache_events()
 
     def _add_waiting(
         self, budget: PrefillBudget, batch: list[tuple[SimReq, int, int]], req: SimReq
@@ -89,7 +95,7 @@ class Prefetching:
         j, self._check_step = self._check_step, 0
         if self._seg is None or j == 0:
             return  # the segment it was meant for is over
-        self.cache.check_hicache_events()
+        self._hicache_events()
         # only a chain whose whole queue is prefetching waits on the wake-up (a chain started
         # with an empty queue runs to its planned end, as without an L3 tier)
         if self._listening and self.waiting and not self._only_prefetching():
@@ -138,6 +144,18 @@ class Prefetching:
             if not ok:
                 break
 
+    def _op_deadline(self, op: PrefetchOp) -> float | None:
+        """When ``op``'s timeout passes (None: no timeout policy)."""
+        return self._l3()[0].deadline_of(op)
+
+    def _prefetch_deadline(self, rid: int) -> float | None:
+        """When the waiting request ``rid``'s prefetch stops holding it (None: never, by time)."""
+        return self._l3()[0].prefetch_deadline(rid)
+
+    def _prefetch_pending(self, rid: int, now: float) -> bool:
+        """``rid``'s prefetch check would say "not yet" now (and change nothing)."""
+        return self._l3()[0].prefetch_pending(rid, now)
+
     def _held_until(self, req: SimReq, now: float) -> float:
         """When ``req``'s prefetch stopped holding it back: its I/O ended or its timeout
         passed (what came after, until admission reached it again, is queueing)."""
@@ -145,7 +163,7 @@ class Prefetching:
         if op is None:
             return now
         end = op.done_time if op.done_time >= 0 else now
-        deadline = self._l3()[0].deadline_of(op)
+        deadline = self._op_deadline(op)
         if deadline is not None:
             end = min(end, deadline)
         return max(req.prefetch_held, min(now, end))
@@ -155,9 +173,8 @@ class Prefetching:
         expires (stage progress wakes the scheduler through its listener)."""
         if self.cache.storage is None or not self.waiting:
             return
-        cache = self._l3()[0]
         now = self.env.now
-        deadlines = [cache.prefetch_deadline(r.rid) for r in self.waiting]
+        deadlines = [self._prefetch_deadline(r.rid) for r in self.waiting]
         # a deadline already passed changes nothing until admission reaches that request,
         # which only other events can make happen
         due = min((d for d in deadlines if d is not None and d >= now), default=None)
@@ -176,8 +193,8 @@ class Prefetching:
         """Every waiting request's prefetch check would say "not yet" now (FCFS, L3 on)."""
         if self.cache.storage is None or self.p.policy == "lpm" or self.chunked is not None:
             return False
-        cache, now = self._l3()[0], self.env.now
-        return all(cache.prefetch_pending(r.rid, now) for r in self.waiting)
+        now = self.env.now
+        return all(self._prefetch_pending(r.rid, now) for r in self.waiting)
 
     @staticmethod
     def _steps_until(elapsed: float, k: int, step0: float, inc: float) -> int:

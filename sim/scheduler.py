@@ -104,6 +104,10 @@ class SimReq:
     prefetch_op: PrefetchOp | None = None
     storage_credit: int = 0
     storage_hit: int = 0
+    # 0.5.23: L3 re-issues so far (``storage_prefetch_retry_attempts``) and the matched length
+    # at its last L3 query (``storage_prefetch_last_match_len``; -1: none)
+    storage_prefetch_retry_attempts: int = 0
+    storage_last_match: int = -1
 
     def __post_init__(self) -> None:
         if self.arrival < 0:
@@ -202,7 +206,7 @@ class Scheduler(Prefetching):
         if self.cache.storage is not None:
             if self._drain_due:  # an idle SGLang loop would have drained meanwhile
                 self._drain_due = False
-                self.cache.check_hicache_events()
+                self._hicache_events()
             self.life.prefetch(req.rid, self._fill_key(req), req.fill_len, self.env.now)
         self.waiting.append(req)
 
@@ -213,7 +217,7 @@ class Scheduler(Prefetching):
     def run(self) -> Generator[simpy.Event, Any, None]:
         env = self.env
         while True:
-            self.cache.check_hicache_events()
+            self._hicache_events()
             batch = self._get_new_batch_prefill()
             if batch is not None:
                 yield from self._run_prefill(batch)
@@ -527,7 +531,7 @@ class Scheduler(Prefetching):
         skipped = 0  # admission attempts the gate stood for that would have matched the head
         while True:
             if done:
-                cache.check_hicache_events()  # what the loop runs first at that iteration
+                self._hicache_events()  # what the loop runs first at that iteration
                 cache.writing_check()
                 seen = 0
                 if gate is not None:

@@ -20,10 +20,13 @@ code this follows (file:line in both wheels). What changed, each in one method b
   every 32nd scheduling pass (``_touch_waiting_prefixes``, schedule_policy.py:280-305).
 
 The base model's own departures from SGLang's loop (``batch_is_full``, the budget rounding, the
-retraction's ratio; SCHEDULER.md §7) are the same in both versions. No L3 tier (0.5.23's
-prefetch path is not modelled yet; the config refuses it), and no admission gate: the gate
-predicts 0.5.14's admission arithmetic, and 0.5.23 checks the budget under the lock and touches
-the queue, so every attempt runs.
+retraction's ratio; SCHEDULER.md §7) are the same in both versions. No admission gate: the
+gate predicts 0.5.14's admission arithmetic, and 0.5.23 checks the budget under the lock and
+touches the queue, so every attempt runs.
+
+With an L3 tier (``hicache.policy.v0523.l3``): the arrival's query (``_prefetch_kvcache``), the
+retry pass after every ``check_hicache_events`` (:meth:`Scheduler0523._hicache_events`), the
+admission loop's checks with the device-hit-loss re-query, and the credit kept until admission.
 """
 
 from __future__ import annotations
@@ -35,7 +38,9 @@ from typing import Any
 import simpy
 
 from hicache.lifecycle_v0523 import KVLifecycle0523, ReqKV23
+from hicache.policy.storage import PrefetchOp
 from hicache.policy.v0523 import UnifiedRadixCache
+from hicache.policy.v0523.l3 import RETRY_MAX_ATTEMPTS, RETRY_POLL_INTERVAL, StorageAttachment
 from sim.admission import Gate, PrefillBudget
 from sim.cache_types import AnyCache, AnyKV, AnyLife
 from sim.scheduler import Scheduler, SimReq
@@ -59,6 +64,109 @@ class Scheduler0523(Scheduler):
         life, cache = self.life, self.cache
         assert isinstance(life, KVLifecycle0523) and isinstance(cache, UnifiedRadixCache)
         return life, cache
+
+    def _l3_0523(self) -> StorageAttachment:
+        storage = self._v0523()[1].storage
+        assert isinstance(storage, StorageAttachment)
+        return storage
+
+    # ------------------------------------------------------------------------- the L3 tier --
+    def _enqueue(self, req: SimReq) -> None:
+        """``_add_request_to_queue`` -> ``_prefetch_kvcache``: match and query L3 now (a
+        retracted request starts its attempts afresh)."""
+        if req.retractions:
+            req.storage_prefetch_retry_attempts = 0
+            req.storage_last_match = -1
+        if self.cache.storage is not None:
+            if self._drain_due:  # an idle SGLang loop would have drained meanwhile
+                self._drain_due = False
+                self._hicache_events()
+            self._prefetch(req)
+        self.waiting.append(req)
+
+    def _prefetch(self, req: SimReq, storage_hit_end: int | None = None) -> None:
+        life = self._v0523()[0]
+        key = self._fill_key(req)
+        req.storage_last_match = life.prefetch(
+            req.rid, key, req.fill_len, self.env.now, storage_hit_end
+        )
+
+    def _hicache_events(self) -> None:
+        """``_process_hicache_events``: the cache's events, then the L3 retry pass over the
+        waiting queue (``_process_storage_prefetch_retries``: each due request re-issues its
+        query, one attempt more)."""
+        cache = self.cache
+        cache.check_hicache_events()
+        if cache.storage is None:
+            return
+        ready = self._l3_0523().retries.pop_ready(
+            self.waiting, RETRY_POLL_INTERVAL, RETRY_MAX_ATTEMPTS
+        )
+        for req, end in ready:
+            assert isinstance(req, SimReq)
+            req.storage_prefetch_retry_attempts += 1
+            self._prefetch(req, end)
+
+    def _device_hit_lost(self, req: SimReq, matched: int) -> bool:
+        """``_prefetch_after_device_hit_loss``: the match shrank since its last L3 query (a
+        queue-time eviction): query again and leave it queued, up to the attempt cap."""
+        last = req.storage_last_match
+        if last <= 0 or matched >= last:
+            return False
+        if req.storage_prefetch_retry_attempts >= RETRY_MAX_ATTEMPTS:
+            req.storage_last_match = matched
+            return False
+        req.storage_prefetch_retry_attempts += 1
+        self._prefetch(req)
+        return True
+
+    def _admit_with_prefetch(
+        self, budget: PrefillBudget, batch: list[tuple[SimReq, int, int]]
+    ) -> None:
+        """The admission loop with 0.5.23's L3 checks: ``check_prefetch_progress`` (a request
+        still prefetching is skipped), ``pop_prefetch_loaded_span`` (a credit is kept until
+        admission), the device-hit-loss re-query inside :meth:`_add_waiting`, and, once
+        admitted, the wait budget closed and the retry cancelled."""
+        life = self._v0523()[0]
+        storage = self._l3_0523()
+        p, now = self.p, self.env.now
+        i = 0
+        while i < len(self.waiting) and budget.rem_total() > 0 and budget.rem_input > 0:
+            if budget.rem_chunk <= 0:
+                break
+            if p.max_running_requests and len(self.running) + len(batch) >= p.max_running_requests:
+                break
+            req = self.waiting[i]
+            entry = storage.ongoing_prefetch.get(req.rid)
+            credit = life.prefetch_done(req.rid, now)
+            if credit < 0:  # reached, but held back by its prefetch
+                if req.prefetch_held < 0:
+                    req.prefetch_held = now
+                    req.prefetch_op = entry.op if entry is not None else None
+                i += 1
+                continue
+            if req.prefetch_held >= 0:
+                req.prefetch_wait += self._held_until(req, now) - req.prefetch_held
+                req.prefetch_held = -1.0
+            if credit > 0:
+                req.storage_credit = credit  # storage_hit_length: set only when > 0
+            n = len(self.waiting)
+            ok = self._add_waiting(budget, batch, req)
+            if len(self.waiting) < n:
+                life.admitted(req.rid)
+            elif ok:
+                i += 1  # left queued by its re-query
+            if not ok:
+                break
+
+    def _op_deadline(self, op: PrefetchOp) -> float | None:
+        return self._l3_0523().deadline_of(op.rid)
+
+    def _prefetch_deadline(self, rid: int) -> float | None:
+        return self._l3_0523().deadline_of(rid)
+
+    def _prefetch_pending(self, rid: int, now: float) -> bool:
+        return self._l3_0523().prefetch_pending(rid, now)
 
     # ------------------------------------------------------------------- the loop's steps --
     def _get_new_batch_prefill(self) -> list[tuple[SimReq, int, int]] | None:
@@ -151,6 +259,8 @@ class Scheduler0523(Scheduler):
         key = self._fill_key(req)
         m = life.match(key, req.fill_len)
         dev = len(m.device_pages) * ps
+        if cache.storage is not None and self._device_hit_lost(req, dev + m.host_hit_length):
+            return True  # re-queried: it stays queued, the loop goes on
         total = req.fill_len - dev + budget.new_tokens(req) + ps
         life.hold(m.last_device)  # _lock_node(req.last_node)
         try:
@@ -198,8 +308,11 @@ class Scheduler0523(Scheduler):
             self.waiting.remove(req)
         if req.device_hit < 0:
             req.device_hit = dev
-            req.host_hit = loaded
+            from_l3 = min(loaded, req.storage_credit)
+            req.storage_hit = from_l3
+            req.host_hit = loaded - from_l3
             req.host_hit_recomputed = host_hit - loaded
             req.admitted = self.env.now
+        req.storage_credit = 0
         req.kv = kv
         req.filled = len(kv.kv) * self.p.page_size

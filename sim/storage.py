@@ -331,6 +331,7 @@ class SimStorage:
         begin, end = self._stage_fns[kind]
         while True:
             call = begin()
+            self._notify_instant()
             if call is None:
                 self._running[kind] = False
                 return
@@ -356,7 +357,7 @@ class SimStorage:
             fixed += self.hash_s_per_page * call.pages
         nbytes = call.pages * self.page_bytes * self.link_ranks[kind]
         link = self.link
-        done_before = op.completed_tokens if kind == "read" else 0
+        done_before = self.ctrl.read_progress(op) if kind == "read" else 0  # type: ignore[arg-type]
         finish = partial(self._finish, kind, call, start, enqueue, nbytes, done_before)
         if nbytes > 0 and not link.uncontended():
             # the stage part, then the bytes on a link whose rate others' transfers change
@@ -393,7 +394,7 @@ class SimStorage:
             stats.dropped_calls += 1
         discarded = 0
         if kind == "read":
-            discarded = call.pages - (op.completed_tokens - done_before) // self.ctrl.page_size
+            discarded = call.pages - (self.ctrl.read_progress(op) - done_before)  # type: ignore[arg-type]
             stats.pages_discarded += discarded
             stats.bytes_read += nbytes
         elif kind == "write":
@@ -423,6 +424,13 @@ class SimStorage:
     def _notify(self, call: StageCall) -> None:
         for cb in self.listeners:
             cb(call)
+
+    def _notify_instant(self) -> None:
+        """Operations the stage finished without a call (0.5.23): the scheduler must drain
+        their results as it drains a call's."""
+        instant = self.ctrl.instant
+        while instant:
+            self._notify(instant.pop(0))
 
 
 __all__ = [

@@ -51,6 +51,8 @@ class StorageSetup:
     rows: list[StorageCallRow] = field(default_factory=list)
     _stores: dict[int, tuple[PageStore, PageHasher, StorageLink]] = field(default_factory=dict)
 
+    sglang_version: str = "0.5.14"
+
     @classmethod
     def from_config(cls, cfg: SimConfig, page_bytes_per_rank: int) -> StorageSetup | None:
         """None when ``cfg`` has no L3 tier (``storage.backend = "none"``)."""
@@ -64,13 +66,15 @@ class StorageSetup:
         page_bytes_all = page_bytes_per_rank * (1 if model.mla else tp)
         capacity = int(st.capacity_gb * 1e9 // page_bytes_all) if st.capacity_gb > 0 else None
         shared = spec.shared if st.shared == "auto" else st.shared == "yes"
+        version = cfg.sglang.version
+        base, per_ki, cap = st.timeouts(version)
         return cls(
             spec=spec,
             prefetch_policy=st.prefetch_policy,
             prefetch_threshold=st.prefetch_threshold,
-            timeout_base=st.prefetch_timeout_base,
-            timeout_per_ki_token=st.prefetch_timeout_per_ki_token,
-            timeout_max=st.prefetch_timeout_max,
+            timeout_base=base,
+            timeout_per_ki_token=per_ki,
+            timeout_max=cap if cap is not None else float("inf"),
             capacity_pages=max(1, capacity) if capacity is not None else None,
             eviction_ratio=st.eviction_ratio,
             shared=shared,
@@ -80,6 +84,7 @@ class StorageSetup:
             write_ranks=1 if model.mla else tp,
             instances=cfg.cluster.instances,
             store_gbps=st.store_gbps,
+            sglang_version=version,
         )
 
     @property
@@ -112,26 +117,44 @@ class StorageSetup:
         self,
         env: simpy.Environment,
         index: int,
-        cache: HiRadixCache,
+        cache: Any,
         host: PageAllocator | None,
         device_tokens: int,
     ) -> SimStorage:
-        """Give instance ``index``'s cache its L3 tier; returns the driver of its stages."""
+        """Give instance ``index``'s cache its L3 tier (the controller and tree side of the
+        cache's SGLang version); returns the driver of its stages."""
         if host is None:
             raise ValueError("an L3 storage tier needs the host tier (cache.enable_host)")
         store, hasher, link = self._store(env, index)
-        ctrl = StorageController(
-            host, store, device_tokens=device_tokens, threshold=self.prefetch_threshold,
-            hasher=hasher,
-        )  # fmt: skip
-        cache.attach_storage(
-            ctrl,
-            prefetch_policy=self.prefetch_policy,
-            prefetch_threshold=self.prefetch_threshold,
-            timeout_base=self.timeout_base,
-            timeout_per_ki_token=self.timeout_per_ki_token,
-            timeout_max=self.timeout_max,
-        )
+        ctrl: StorageController
+        if isinstance(cache, HiRadixCache):
+            ctrl = StorageController(
+                host, store, device_tokens=device_tokens, threshold=self.prefetch_threshold,
+                hasher=hasher,
+            )  # fmt: skip
+            cache.attach_storage(
+                ctrl,
+                prefetch_policy=self.prefetch_policy,
+                prefetch_threshold=self.prefetch_threshold,
+                timeout_base=self.timeout_base,
+                timeout_per_ki_token=self.timeout_per_ki_token,
+                timeout_max=self.timeout_max,
+            )
+        else:
+            from hicache.policy.v0523.l3 import StorageAttachment
+            from hicache.policy.v0523.l3_controller import StorageController0523
+
+            ctrl = StorageController0523(
+                host, store, threshold=self.prefetch_threshold, hasher=hasher
+            )
+            cache.storage = StorageAttachment(
+                cache,
+                ctrl,
+                prefetch_policy=self.prefetch_policy,
+                prefetch_threshold=self.prefetch_threshold,
+                timeout_base=self.timeout_base,
+                timeout_per_ki_token=self.timeout_per_ki_token,
+            )
         return SimStorage(
             env, ctrl, self.spec, link, self.page_bytes_per_rank, self.ranks,
             write_ranks=self.write_ranks, hash_s_per_page=self.hash_s_per_page, instance=index,
@@ -147,6 +170,7 @@ def storage_summary(engine: Any, frames: dict[str, Any]) -> dict[str, Any]:
     run would have met each SGLang 0.5.14 defect the simulator avoids; see
     ``hicache.policy.storage_tier.DEFECTS``) and, with an L3 tier, a ``storage`` block."""
     from hicache.policy.storage_tier import DEFECTS
+    from hicache.policy.v0523.l3 import DEFECTS_0523
 
     counts: dict[str, int] = {}
     tokens: dict[str, int] = {}
@@ -155,21 +179,25 @@ def storage_summary(engine: Any, frames: dict[str, Any]) -> dict[str, Any]:
             counts[code] = counts.get(code, 0) + n
         for code, n in inst.cache.defect_tokens.items():
             tokens[code] = tokens.get(code, 0) + n
+    v0514 = all(isinstance(inst.cache, HiRadixCache) for inst in engine.instances)
+    what = DEFECTS if v0514 else DEFECTS_0523
     if engine.storage is not None:
-        codes = list(DEFECTS)
-    elif all(isinstance(inst.cache, HiRadixCache) for inst in engine.instances):
+        codes = list(what)
+    elif v0514:
         codes = ["L2LB"]
     else:  # SGLang 0.5.23: none of them is open on the L1/L2 path (SGLANG_0523.md §3)
         codes = []
     out: dict[str, Any] = {
         "sglang_defects": {
-            c: {"count": counts.get(c, 0), "tokens": tokens.get(c, 0), "what": DEFECTS[c]}
+            c: {"count": counts.get(c, 0), "tokens": tokens.get(c, 0), "what": what[c]}
             for c in codes
         }
     }
     setup: StorageSetup | None = engine.storage
     if setup is None:
         return out
+    if not v0514:
+        return out | _storage_summary_0523(engine, frames, setup)
     req = frames["requests"]
     done = req[req["finish_s"] >= 0]
     waits = done.loc[done["prefetch_wait_s"] > 0, "prefetch_wait_s"]
@@ -215,3 +243,61 @@ def storage_summary(engine: Any, frames: dict[str, Any]) -> dict[str, Any]:
         "query_busy_s": sum(s.stats.busy_s["query"] for s in sims),
     }
     return out
+
+
+def _storage_summary_0523(engine: Any, frames: dict[str, Any], setup: StorageSetup) -> dict[str, Any]:
+    """The ``storage`` block of a 0.5.23 run: the same keys where 0.5.23 has the step, and its
+    own (retries, deadlines, early insertion) beside them."""
+    req = frames["requests"]
+    done = req[req["finish_s"] >= 0]
+    waits = done.loc[done["prefetch_wait_s"] > 0, "prefetch_wait_s"]
+    tier: dict[str, int] = {}
+    for inst in engine.instances:
+        for k, v in inst.cache.storage.stats.as_dict().items():
+            tier[k] = tier.get(k, 0) + v
+    sims = [inst.storage for inst in engine.instances if inst.storage is not None]
+    stores = setup.stores()
+    pt = setup.page_size
+    mean = float(waits.mean()) if len(waits) else 0.0
+    return {
+        "prefetch_wait_mean_s": mean,
+        "storage": {
+            "backend": setup.spec.name,
+            "shared": setup.shared,
+            "prefetch_policy": setup.prefetch_policy,
+            "sglang_version": setup.sglang_version,
+            "storage_hit_tokens": int(done["storage_hit_tokens"].sum()),
+            "requests_with_l3_hit": int((done["storage_hit_tokens"] > 0).sum()),
+            "prefetches_issued": tier["prefetch_issued"],
+            "prefetches_terminated": tier["terminated"],
+            "prefetches_revoked": tier["revoked"],
+            "prefetches_aborted": tier["aborted"],
+            "prefetch_below_threshold": tier["prefetch_below_threshold"],
+            "prefetch_rate_limited": tier["prefetch_rate_limited"],
+            "prefetch_no_host_space": tier["revoked_no_host_space"],
+            "prefetch_truncated": tier["hit_truncated"],
+            "prefetch_revoked_below_threshold": tier["revoked_below_threshold"],
+            "prefetch_deadline_expired": tier["deadline_expired"],
+            "prefetch_inserted_early": tier["inserted_early"],
+            "prefetch_retries_armed": tier["retries_armed"],
+            "prefetch_assumed_stored": tier["prefetch_assumed_stored"],
+            "prefetched_tokens": tier["loaded_from_storage"],
+            "prefetch_duplicate_tokens": tier["duplicate_tokens_freed"],
+            "prefetch_insert_dropped_tokens": tier["insert_dropped"],
+            "prefetch_wait_mean_s": mean,
+            "prefetch_wait_p90_s": float(waits.quantile(0.9)) if len(waits) else 0.0,
+            "requests_prefetch_waited": len(waits),
+            "backup_ops": tier["backup_ops"],
+            "backed_up_tokens": tier["backup_tokens"],
+            "bytes_read": sum(s.stats.bytes_read for s in sims),
+            "bytes_written": sum(s.stats.bytes_written for s in sims),
+            "pages_discarded": sum(s.stats.pages_discarded for s in sims),
+            "store_tokens": sum(len(st) for st, _, _ in stores) * pt,
+            "store_written_tokens": sum(st.pages_written for st, _, _ in stores) * pt,
+            "store_skipped_tokens": sum(st.pages_skipped for st, _, _ in stores) * pt,
+            "store_evicted_tokens": sum(st.pages_evicted for st, _, _ in stores) * pt,
+            "read_busy_s": sum(s.stats.busy_s["read"] for s in sims),
+            "write_busy_s": sum(s.stats.busy_s["write"] for s in sims),
+            "query_busy_s": sum(s.stats.busy_s["query"] for s in sims),
+        },
+    }

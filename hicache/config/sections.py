@@ -478,12 +478,15 @@ class StorageConfig:
     prefetch_policy: str = "timeout"
     # extra-config prefetch_threshold: tokens a prefetch must ask for (and find) at least
     prefetch_threshold: int = 256
-    # extra-config prefetch_timeout_base, seconds (timeout policy)
-    prefetch_timeout_base: float = 2.0
-    # extra-config prefetch_timeout_per_ki_token, seconds per 1,024 hit tokens (timeout policy)
-    prefetch_timeout_per_ki_token: float = 0.1
-    # extra-config prefetch_timeout_max, seconds (timeout policy)
-    prefetch_timeout_max: float = 30.0
+    # extra-config prefetch_timeout_base, seconds (timeout policy); -1 = the version's default
+    # (0.5.14: 2.0 from the operation's start; 0.5.23: 1.0 from the first blocked admission poll)
+    prefetch_timeout_base: float = -1.0
+    # extra-config prefetch_timeout_per_ki_token, seconds per 1,024 tokens (timeout policy;
+    # 0.5.14: hit tokens, 0.5.23: requested tokens); -1 = the version's default (0.1 / 0.25)
+    prefetch_timeout_per_ki_token: float = -1.0
+    # extra-config prefetch_timeout_max, seconds (timeout policy; SGLang 0.5.14 only, 0.5.23 has
+    # no cap); -1 = the default (30)
+    prefetch_timeout_max: float = -1.0
     # store size in GB (1e9 B) of KV; 0 = unbounded (the file backend's default); when set, a
     # page LRU evicts as the file backend's max_size evictor does
     capacity_gb: float = 0.0
@@ -506,9 +509,11 @@ class StorageConfig:
         _choice("storage.prefetch_policy", self.prefetch_policy, PREFETCH_POLICIES)
         _choice("storage.shared", self.shared, ("auto", "yes", "no"))
         _at_least("storage.prefetch_threshold", self.prefetch_threshold, 1)
-        _at_least("storage.prefetch_timeout_base", self.prefetch_timeout_base, 0)
-        _at_least("storage.prefetch_timeout_per_ki_token", self.prefetch_timeout_per_ki_token, 0)
-        _at_least("storage.prefetch_timeout_max", self.prefetch_timeout_max, 0)
+        for key in ("prefetch_timeout_base", "prefetch_timeout_per_ki_token",
+                    "prefetch_timeout_max"):  # fmt: skip
+            value = getattr(self, key)
+            if value != -1:
+                _at_least(f"storage.{key}", value, 0)
         _at_least("storage.capacity_gb", self.capacity_gb, 0)
         _between("storage.eviction_ratio", self.eviction_ratio, 0.01, 1.0)
         _at_least("storage.read_gbps_override", self.read_gbps_override, 0)
@@ -518,6 +523,25 @@ class StorageConfig:
     @property
     def enabled(self) -> bool:
         return self.backend != "none"
+
+    def timeouts(self, version: str) -> tuple[float, float, float | None]:
+        """The timeout policy's ``(base s, s per 1,024 tokens, cap s or None)`` under SGLang
+        ``version``, -1 keys at that version's defaults (0.5.14: ``hicache_storage.py:49-54``;
+        0.5.23: ``unified_radix_cache.py:316-318``, no cap)."""
+        defaults = TIMEOUT_DEFAULTS[version]
+        base = defaults[0] if self.prefetch_timeout_base == -1 else self.prefetch_timeout_base
+        per_ki = self.prefetch_timeout_per_ki_token
+        per_ki = defaults[1] if per_ki == -1 else per_ki
+        cap = defaults[2] if self.prefetch_timeout_max == -1 else self.prefetch_timeout_max
+        return base, per_ki, cap
+
+
+#: The timeout policy's defaults per SGLang version: base s, s per 1,024 tokens, cap s (None:
+#: no cap).
+TIMEOUT_DEFAULTS: dict[str, tuple[float, float, float | None]] = {
+    "0.5.14": (2.0, 0.1, 30.0),
+    "0.5.23": (1.0, 0.25, None),
+}
 
 
 _Section = (
@@ -650,11 +674,10 @@ def _check_version_sections(cfg: SimConfig) -> None:
                 f"larger than the device pool), got {ratio:g}",
             )
         return
-    if cfg.storage.enabled:
+    if cfg.storage.enabled and cfg.storage.prefetch_timeout_max != -1:
         raise ConfigError(
-            "storage.backend",
-            f"the L3 tier is modelled for SGLang 0.5.14 only (not yet for {version}); set "
-            'sglang.version = "0.5.14" to study it',
+            "storage.prefetch_timeout_max",
+            f"SGLang {version} caps no prefetch timeout (the cap is 0.5.14's): leave it at -1",
         )
 
 

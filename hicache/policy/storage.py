@@ -275,6 +275,9 @@ class StorageController:
         # a timed driver's wake-ups: called with the stage ("query", "read", "write") that got
         # work (a new op at the tail of its queue, or its head op's next call)
         self.on_work: list[Callable[[str], None]] = []
+        # 0.5.23: operations a stage finished without a backend call (terminated before their
+        # turn, taken as stored): a timed driver tells its listeners (0.5.14: always empty)
+        self.instant: list[StageCall] = []
 
     # -- scheduler-side calls -------------------------------------------------------------------
     def prefetch_rate_limited(self) -> bool:
@@ -324,6 +327,10 @@ class StorageController:
         self.ack_backup_queue.clear()
         self.host_mem_release_queue.clear()
         self.prefetch_tokens_occupied = 0
+
+    def read_progress(self, op: PrefetchOp) -> int:
+        """Pages of ``op`` its reads have brought in so far."""
+        return op.completed_tokens // self.page_size
 
     # -- the query stage (SGLang's prefetch thread) ---------------------------------------------
     def query_begin(self) -> StageCall | None:

@@ -46,6 +46,14 @@ TIMEOUT_BASE_S = 1.0
 TIMEOUT_PER_KI_TOKEN_S = 0.25
 PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
 
+#: 0.5.14's defects that are still open in 0.5.23 with an L3 tier (SGLANG_0523.md §3), counted
+#: where a run meets them (the behaviour is SGLang's: reproduced, not avoided).
+DEFECTS_0523: dict[str, str] = {
+    "B6": "under write_back a request whose deepest match is an unbacked device node issues no "
+    "L3 prefetch at all (scheduler.py:3362-3391 prefetches only from a backed-up or root "
+    "anchor); counted with the tokens it could have asked for (reproduced)",
+}
+
 
 @dataclass
 class _Retry:
@@ -316,6 +324,21 @@ class StorageAttachment:
             return None
         return wait.started_at + wait.timeout_s
 
+    def prefetch_pending(self, rid: Hashable, now: float) -> bool:
+        """:meth:`check_prefetch_progress` would say "not yet" now and change nothing (a
+        timeout wait whose timer has not started is not pending: its first poll starts it)."""
+        info = self.ongoing_prefetch.get(rid)
+        if info is None or info.op.terminated or self.prefetch_policy == "best_effort":
+            return False
+        if self.prefetch_policy == "wait_complete":
+            return True
+        wait = self.waits.get(rid)
+        return (
+            wait is not None
+            and wait.started_at is not None
+            and not self._deadline_expired(info.op, now)
+        )
+
     def _can_terminate(self, op: PrefetchOp0523, now: float) -> bool:
         if self.prefetch_policy == "best_effort":
             return True
@@ -554,6 +577,7 @@ def prefetch_kvcache(
 Evictor = Callable[[int], int]
 
 __all__ = [
+    "DEFECTS_0523",
     "PREFETCH_POLICIES",
     "RETRY_MAX_ATTEMPTS",
     "RETRY_POLL_INTERVAL",

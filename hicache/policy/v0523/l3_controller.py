@@ -185,11 +185,13 @@ class StorageController0523(StorageController):
             if op.terminated:
                 self.prefetch_queue.popleft()
                 self._finish_query(op, [])
+                self._instant("query", op)
                 continue
             if op.assume_stored:
                 self.prefetch_queue.popleft()
                 self.counts.assumed_stored += 1
                 self._finish_query(op, self.hasher.chain(op.last_hash, op.symbols))
+                self._instant("query", op)
                 continue
             return StageCall("query", op, len(op.symbols))
         return None
@@ -222,6 +224,7 @@ class StorageController0523(StorageController):
             assert isinstance(op, PrefetchOp0523)
             if op.io_failed or op.terminated or op.read_pages >= op.hit_pages:
                 self._finish_transfer(op)
+                self._instant("read", op)
                 continue
             return StageCall("read", op, min(self.batch_pages, op.hit_pages - op.read_pages))
         return None
@@ -258,6 +261,17 @@ class StorageController0523(StorageController):
         op.read_pages = op.hit_pages
         self.ack_prefetch_queue.append(PrefetchAck(op, None, True))
         self.counts.completion_acks += 1
+
+    def read_progress(self, op: PrefetchOp) -> int:  # type: ignore[override]
+        """Pages read so far (the stage's own count: ``completed_tokens`` is what the
+        scheduler has drained)."""
+        assert isinstance(op, PrefetchOp0523)
+        return op.io_pages
+
+    def _instant(self, kind: str, op: PrefetchOp0523) -> None:
+        """An op finished without a backend call: a timed driver must tell its listeners."""
+        if self.on_work:
+            self.instant.append(StageCall(kind, op, 0))
 
     def busy(self) -> bool:
         return bool(self.prefetch_queue or self.prefetch_buffer or self.backup_queue)
