@@ -289,11 +289,6 @@ def _run_on(rt: Any, args: argparse.Namespace) -> int:
             extra.append((f"gpu.name={detected}", f"the detected GPU ({detected})"))
     resolved = resolve_config(args, extra)
     cfg = resolved.cfg
-    if cfg.sglang.version != "0.5.14":
-        raise UserError(
-            f"sglang.version={cfg.sglang.version}: replay drives SGLang 0.5.14's cache only so "
-            "far; `hicache-sim run` simulates 0.5.23 (use --sglang-version 0.5.14 here)"
-        )
     if cfg.storage.enabled:
         raise UserError(
             f"storage.backend={cfg.storage.backend}: replay copies between GPU and host memory "

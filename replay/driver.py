@@ -94,14 +94,33 @@ class TraceReplayer:
         load_back_threshold: int = 10,
         verify: bool = False,
         forward: Callable[[], None] | None = None,
+        sglang_version: str = "0.5.14",
     ) -> None:
+        """``sglang_version``: whose cache decides (0.5.23: ``UnifiedRadixCache``, its merged
+        device->host writes submitted once per batch result, its load acks drained with the
+        step's events)."""
         self.ctrl = ctrl
-        self.cache = HiRadixCache(
-            ctrl,
-            write_policy=write_policy,
-            eviction_policy=eviction,
-            load_back_threshold=load_back_threshold,
-        )
+        self.v0523 = sglang_version != "0.5.14"
+        self.cache: Any
+        if self.v0523:
+            from hicache.lifecycle_v0523 import KVLifecycle0523
+            from hicache.policy.v0523 import UnifiedRadixCache
+
+            self.cache = UnifiedRadixCache(
+                ctrl,
+                write_policy=write_policy,
+                eviction_policy=eviction,
+                load_back_threshold=load_back_threshold,
+            )
+            self.life: Any = KVLifecycle0523(self.cache, outputs)
+        else:
+            self.cache = HiRadixCache(
+                ctrl,
+                write_policy=write_policy,
+                eviction_policy=eviction,
+                load_back_threshold=load_back_threshold,
+            )
+            self.life = KVLifecycle(self.cache, outputs)
         self.p = ctrl.page_size
         self.outputs = outputs
         self.verify = verify
@@ -109,7 +128,6 @@ class TraceReplayer:
         # model): called before a batch's loads, before its prefill writes and before the
         # writes at its requests' finish
         self._forward = forward or (lambda: None)
-        self.life = KVLifecycle(self.cache, outputs)
         self.result = ReplayResult()
 
     def _check(self, live: _Live) -> None:
@@ -201,6 +219,9 @@ class TraceReplayer:
 
     def serve(self, admitted: Sequence[_Live]) -> None:
         """Steps 1 (the merged load) to 3 for a batch of admitted requests."""
+        if self.v0523:
+            self._serve_0523(admitted)
+            return
         cache, res = self.cache, self.result
         res.batches += 1
         self._forward()  # the previous batch's forward pass
@@ -229,7 +250,43 @@ class TraceReplayer:
         for a in prefilled:
             self._finish(a)
 
-    def _finish(self, a: _Live) -> None:
+    def _serve_0523(self, admitted: Sequence[_Live]) -> None:
+        """One batch as SGLang 0.5.23's loop runs it: the merged load goes out before the
+        prefill and its ack is drained with the step's events after the batch result; the
+        prompt inserts' backups go out as one merged copy at that result
+        (``check_hicache_events`` submits, then drains), and the finishes' likewise."""
+        cache, res, life = self.cache, self.result, self.life
+        res.batches += 1
+        self._forward()  # the previous batch's forward pass
+        if any(a.adm.loaded_pages for a in admitted):
+            cache.ready_to_load_host_cache()
+            self._sync()
+        if self.verify:
+            for a in admitted:
+                self._check(a)
+        self._forward()  # this batch's prefill
+        prefilled = []
+        for a in admitted:
+            have = len(a.req.kv)
+            if not life.reserve_prompt(a.req, a.r.input_length):
+                res.oom_requests += 1
+                continue
+            self._stamp(a.req.kv[have : max(have, len(a.key))], a.key, have)
+            a.req.key = a.key
+            life.after_prefill(a.req, len(a.key))
+            prefilled.append(a)
+        cache.flush_pending_backups()
+        self._sync()
+        cache.check_hicache_events()
+        if prefilled:
+            self._forward()  # the decode steps between a request's prefill and its finish
+        for a in prefilled:
+            self._finish(a, events=False)
+        cache.flush_pending_backups()
+        self._sync()
+        cache.check_hicache_events()
+
+    def _finish(self, a: _Live, events: bool = True) -> None:
         life, p, res, req = self.life, self.p, self.result, a.req
         total = a.r.kv_tokens
         if life.alloc_outputs(req, total):
@@ -239,8 +296,9 @@ class TraceReplayer:
                 # stamp the outputs' KV before the insert issues its write-through copies
                 self._stamp(req.kv[n:full], life.extend_key(a.key, out, full), n)
             life.finish(req, a.key, out, total)
-            self._sync()
-            self.cache.writing_check()
+            if events:
+                self._sync()
+                self.cache.writing_check()
         else:
             res.oom_requests += 1
         res.device_hit_tokens += a.adm.device_pages * p

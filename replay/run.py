@@ -57,6 +57,8 @@ class ReplaySettings:
     eviction: str = "lru"
     outputs: str = "cache"
     load_back_threshold: int = 10
+    sglang_version: str = "0.5.14"
+    """Whose cache decides (``sglang.version``)."""
     backend: str = "kernel"
     layout: str = "page_first"
     batch_tokens: int = 16384
@@ -138,6 +140,7 @@ def settings_from_config(cfg: Any, **overrides: Any) -> ReplaySettings:
         eviction=cfg.cache.eviction,
         outputs=cfg.workload.outputs,
         load_back_threshold=cfg.cache.load_back_threshold,
+        sglang_version=cfg.sglang.version,
         backend=backend,
         layout=layout,
         batch_tokens=cfg.scheduler.max_prefill_tokens,
@@ -366,6 +369,7 @@ def _replay(
         load_back_threshold=settings.load_back_threshold,
         verify=settings.verify,
         forward=cache_flusher(runtime, settings.flush_bytes),
+        sglang_version=settings.sglang_version,
     )
     t_replay = time.perf_counter()
     say(f"replaying {len(reqs)} requests ({settings.backend} IO)")

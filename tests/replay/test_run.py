@@ -35,7 +35,11 @@ def trace() -> Trace:
 
 
 def _replayer(
-    layout: str, backend: str, policy: str = "write_through", verify: bool = True
+    layout: str,
+    backend: str,
+    policy: str = "write_through",
+    verify: bool = True,
+    version: str = "0.5.14",
 ) -> TraceReplayer:
     spec = PoolSpec(
         num_layers=2,
@@ -54,19 +58,20 @@ def _replayer(
         rt,
         backend=backend,
     )
-    return TraceReplayer(ctrl, write_policy=policy, verify=verify)
+    return TraceReplayer(ctrl, write_policy=policy, verify=verify, sglang_version=version)
 
 
+@pytest.mark.parametrize("version", ["0.5.14", "0.5.23"])
 @pytest.mark.parametrize("policy", ["write_through", "write_through_selective", "write_back"])
 def test_one_request_per_batch_decides_exactly_as_the_cache_only_replay(
-    trace: Trace, policy: str
+    trace: Trace, policy: str, version: str
 ) -> None:
     n = 150
     ref = replay(
         requests_for(trace, PAGE)[:n],
-        HitRateConfig(DEVICE_TOKENS, HOST_TOKENS, PAGE, "lru", policy),
+        HitRateConfig(DEVICE_TOKENS, HOST_TOKENS, PAGE, "lru", policy, sglang_version=version),
     )
-    rp = _replayer("layer_first", "direct", policy)
+    rp = _replayer("layer_first", "direct", policy, version=version)
     got = rp.run(trace_requests(trace, PAGE, n), max_tokens=0, max_requests=1)
     for f in (
         "requests",
@@ -100,6 +105,22 @@ def test_batched_replay_moves_the_right_bytes(trace: Trace, layout: str, backend
     loads = [r for r in rp.ctrl.records if r.kind == "load"]
     assert loads and max(r.nodes for r in loads) >= 1
     rp.cache.check_invariants()
+
+
+@pytest.mark.parametrize("policy", ["write_through", "write_back"])
+def test_batched_replay_under_0523_moves_the_right_bytes_in_merged_writes(
+    trace: Trace, policy: str
+) -> None:
+    rp = _replayer("page_first", "kernel", policy, version="0.5.23")
+    res = rp.run(trace_requests(trace, PAGE, 120), max_tokens=8192, max_requests=4)
+    assert res.batches < res.requests
+    assert res.verified_pages > 0 and res.host_hit_tokens > 0
+    writes = [r for r in rp.ctrl.records if r.kind == "write"]
+    assert writes
+    if policy == "write_through":
+        # one merged copy per batch result (prefill, then finish): at most two per batch
+        assert len(writes) <= 2 * res.batches < res.requests
+    # (write_back backs up one eviction victim at a time, each its own blocking copy)
 
 
 def test_a_forward_pass_stand_in_runs_before_each_batch_s_loads_and_writes(trace: Trace) -> None:
