@@ -84,7 +84,8 @@ device-check:
 # Opt-in conformance check (not part of `make test`): our policy core side by side with the
 # real SGLang cache on random operation sequences (conformance/README.md), for every supported
 # SGLang version (`SGLANG_VERSION=0.5.14` or `0.5.23` for one): 0.5.14's HiRadixCache in
-# .venv-conformance, 0.5.23's UnifiedRadixCache (both TreeCores) in .venv-conformance-0.5.23.
+# .venv-conformance, 0.5.23's UnifiedRadixCache (both TreeCores; L1/L2 sequences, then L3
+# sequences with the storage tier) in .venv-conformance-0.5.23.
 # Each venv holds the sglang wheel (--no-deps), the CPU torch wheel and a few light packages;
 # when a wheel cannot be had it prints "conformance SKIPPED: <why>" and succeeds.
 # Extra options: CONFORMANCE_ARGS="--sequences 10 --steps 50".
@@ -109,6 +110,9 @@ conformance-one:
 	if [ -f $$venv/.ready-$(CONF_V) ]; then \
 	  echo "== conformance against SGLang $(CONF_V)"; \
 	  $$venv/bin/python -m $(call conf_module,$(CONF_V)) $(CONFORMANCE_ARGS); \
+	  if [ "$(CONF_V)" != "0.5.14" ]; then \
+	    $$venv/bin/python -m $(call conf_module,$(CONF_V)) --l3 --out runs/conformance-$(CONF_V)-l3 $(CONFORMANCE_ARGS); \
+	  fi; \
 	else \
 	  echo "conformance SKIPPED ($(CONF_V)): $$(cat $$venv/.skip-reason 2>/dev/null || echo 'no venv')"; \
 	fi

@@ -115,6 +115,12 @@ def resolve_config(args: argparse.Namespace, extra: Sequence[tuple[str, str]] = 
     sized = auto_size(cfg, device, bpt)
     if sized is not None and sized.shrunk:
         notes.append(f"note: {sized.describe()}")
+    st = cfg.storage
+    if st.enabled and cfg.sglang.version != "0.5.14" and st.prefetch_timeout_max != -1:
+        notes.append(
+            f"note: storage.prefetch_timeout_max ignored: SGLang {cfg.sglang.version} caps no "
+            "prefetch timeout (the cap is 0.5.14's)"
+        )
     problem = profile_mismatch(cfg)
     if problem:  # allowed, or the config would have been refused
         notes.append(

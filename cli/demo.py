@@ -187,6 +187,7 @@ def _demo_timed(args: argparse.Namespace, trace: Any) -> tuple[list[Path], str, 
     versions = {main: timed[:n_main], other: timed[n_main:]}
     old, new = (versions[v] for v in UPGRADE_PAIR)
     old = [r for r in old if r["setup"] in UPGRADE_SETUPS]
+    new = [r for r in new if r["setup"] in UPGRADE_SETUPS]
     _write_csv(_csv_rows([*old, *new]), args.out / "upgrade.csv")
     upgrade = Upgrade(f"What upgrading SGLang {UPGRADE_PAIR[0]} -> {UPGRADE_PAIR[1]} changes",
                       format_upgrade(old, new), upgrade_html(old, new))  # fmt: skip

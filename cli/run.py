@@ -79,7 +79,8 @@ def _write_csv(rows: Sequence[dict[str, Any]], path: Path) -> None:
 
     def write(tmp: Path) -> None:
         with open(tmp, "w", newline="", encoding="utf-8") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            # every row's keys, in first-seen order (rows of two grids may differ)
+            w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
             w.writeheader()
             w.writerows(rows)
 
@@ -143,7 +144,7 @@ def _add_hitrate(sub: Any) -> None:
         metavar="V[,V...]",
         help=f"the SGLang release whose cache decides, one or more of "
         f"{', '.join(SGLANG_VERSIONS)} (default {DEFAULT_SGLANG_VERSION}); 0.5.23 is "
-        "UnifiedRadixCache (SGLang >= 0.5.19), L1/L2 only",
+        "UnifiedRadixCache (SGLang >= 0.5.19), 0.5.14 HiRadixCache (SGLang <= 0.5.18)",
     )  # fmt: skip
     l3 = p.add_argument_group("L3 storage tier (SGLang --hicache-storage-backend)")
     l3.add_argument(
@@ -516,7 +517,8 @@ def _l3_line(st: dict[str, Any]) -> str:
 
 def _defects_line(s: dict[str, Any]) -> str:
     """``"SGLang 0.5.14 defects this run would hit: D5 x51 (614,400 tokens); ..."`` for the
-    nonzero counters of the summary's ``sglang_defects``; "" when none (or no counters)."""
+    nonzero counters of the summary's ``sglang_defects`` (0.5.23: the one it reproduces); ""
+    when none (or no counters)."""
     hit = [(code, d) for code, d in (s.get("sglang_defects") or {}).items() if d.get("count", 0)]
     if not hit:
         return ""
@@ -524,6 +526,12 @@ def _defects_line(s: dict[str, Any]) -> str:
         f"{code} x{d['count']:,}" + (f" ({d['tokens']:,} tokens)" if d.get("tokens") else "")
         for code, d in hit
     ]
+    version = s.get("sglang_version", "0.5.14")
+    if version != "0.5.14":
+        return (
+            f"SGLang {version} defects this run meets (reproduced, as SGLang behaves; "
+            f"sglang_defects in summary.json): {'; '.join(parts)}"
+        )
     return (
         f"SGLang 0.5.14 defects this run would hit (what the simulator does instead: "
         f"sglang_defects in summary.json): {'; '.join(parts)}"

@@ -11,8 +11,8 @@ from __future__ import annotations
 SGLANG_VERSIONS: dict[str, tuple[str, str]] = {
     "0.5.14": (
         "hicache.policy.hiradix.HiRadixCache",
-        "HiRadixCache (SGLang <= 0.5.18): the cache this tool was first built against; the "
-        "only version with the L3 tier and replay so far",
+        "HiRadixCache (SGLang <= 0.5.18): the cache this tool was first built against; its "
+        "L3 tier counts the 0.5.14 defects it avoids; the oracle eviction bound",
     ),
     "0.5.23": (
         "hicache.policy.v0523.UnifiedRadixCache",
@@ -25,14 +25,14 @@ SGLANG_VERSIONS: dict[str, tuple[str, str]] = {
         "fit the server's free DRAM (--hicache-host-memory-fraction) and may be smaller than "
         "the device pool; tlru eviction; admission picks whole, chunk or "
         "wait before loading back, and touches the waiting queue's prefixes every 32 passes "
-        "under lru. hitrate, run, sweep, plan and demo; no L3 tier and no replay yet",
+        "under lru; L3: hit-sized host pages after the query, insertion at the completion ack, "
+        "the timeout (1 s + 0.25 s per 1,024 requested tokens) from the first blocked poll, "
+        "retries every 8 passes up to 8, a rate limit at half the host pool",
     ),
 }
 
-#: The version a run uses when none is given. Still 0.5.14 while 0.5.23 has no L3 tier (and
-#: replay drives 0.5.14 only): a default that refused the L3 studies and replay would break
-#: them; it becomes the newest once 0.5.23's L3 prefetch path is modelled (issue 24).
-DEFAULT_SGLANG_VERSION = "0.5.14"
+#: The version a run uses when none is given: the newest supported (what SGLang's users run).
+DEFAULT_SGLANG_VERSION = "0.5.23"
 
 
 def check_version(version: str) -> str:

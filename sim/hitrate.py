@@ -54,7 +54,7 @@ from hicache.policy import (
 )
 from hicache.policy.allocator import device_pool, page_ids
 from hicache.policy.storage import PREFETCH_POLICIES, PageStore, StorageController
-from hicache.versions import DEFAULT_SGLANG_VERSION, check_version
+from hicache.versions import check_version
 
 EVICTIONS = (*STRATEGIES, "tlru", "oracle")
 """``tlru`` exists from SGLang 0.5.21 (0.5.23 here); ``oracle`` is an offline bound (0.5.14)."""
@@ -80,8 +80,11 @@ class HitRateConfig:
     gets nothing from L3; wait_complete / timeout: storage I/O is taken as instant (no clock
     here; ``hicache-sim run`` times it)."""
     prefetch_threshold: int = 256
-    sglang_version: str = DEFAULT_SGLANG_VERSION
-    """The SGLang release whose cache decides (:data:`SGLANG_VERSIONS`)."""
+    sglang_version: str = "0.5.14"
+    """The SGLang release whose cache decides (:data:`SGLANG_VERSIONS`). The Python classes
+    (this one, ``sim.engine.Engine``, ``replay.driver.TraceReplayer``) default to 0.5.14, the
+    reference core; the command line and the config default to the newest
+    (``hicache.versions.DEFAULT_SGLANG_VERSION``)."""
 
     def validate(self) -> None:
         p = self.page_size
@@ -90,7 +93,10 @@ class HitRateConfig:
             raise ValueError("eviction=tlru is SGLang's since 0.5.21: use sglang_version 0.5.23")
         if self.sglang_version != "0.5.14":
             if self.eviction == "oracle":
-                raise ValueError("eviction=oracle is available with SGLang 0.5.14 only")
+                raise ValueError(
+                    "eviction=oracle is available with SGLang 0.5.14 only (add "
+                    "--sglang-version 0.5.14)"
+                )
         if p < 1:
             raise ValueError(f"page_size must be >= 1, got {p}")
         if self.device_tokens <= 0 or self.device_tokens % p:

@@ -143,14 +143,16 @@ def test_storage_flags_and_extra_config_round_trip() -> None:
         '\'{"prefetch_threshold": 512, "prefetch_timeout_max": 10, "master": "x:1"}\''
     )
     parsed = parse_sglang_args(flags)
-    cfg = load_config(None, parsed.overrides)
+    cfg = load_config(None, ["sglang.version=0.5.14", *parsed.overrides])  # the cap: 0.5.14's
     st = cfg.storage
     assert (st.backend, st.prefetch_policy) == ("mooncake", "best_effort")
     assert (st.prefetch_threshold, st.prefetch_timeout_max) == (512, 10.0)
     assert any("'master'" in n for n in parsed.notes)
     again = load_config(
-        None, parse_sglang_args(format_sglang_command(cfg).splitlines()[0]).overrides
-    )
+        None,
+        ["sglang.version=0.5.14",
+         *parse_sglang_args(format_sglang_command(cfg).splitlines()[0]).overrides],
+    )  # fmt: skip
     assert again.storage == st
     with pytest.raises(ValueError, match="no preset for the 'nixl' backend"):
         parse_sglang_args("--hicache-storage-backend nixl")

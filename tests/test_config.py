@@ -250,7 +250,8 @@ def test_range_errors_name_the_field_and_the_allowed_values(
     item: str, field: str, fragment: str
 ) -> None:
     with pytest.raises(ConfigError) as e:
-        load_config(None, [item])
+        # 0.5.14's rules (a host pool larger than the device); 0.5.23's are tested below
+        load_config(None, ["sglang.version=0.5.14", item])
     assert e.value.field == field
     assert str(e.value).startswith(f"--set {item}: {field}: ")
     assert fragment in str(e.value)
@@ -434,7 +435,7 @@ def test_0523_shrinks_the_default_host_pool_to_the_free_host_memory() -> None:
     budget (100e9 - 10 GiB) x 0.8 = 71.4 GB, ratio 71.4 x 0.95 / 83.9 = 0.809 -- a host pool
     smaller than the device pool, which 0.5.23 allows; 0.5.14 keeps 2 x device + 1 page."""
     base = ["gpu.device_tokens=640000", "gpu.host_memory_gb=100"]
-    old = resolve_pools(load_config(None, base))
+    old = resolve_pools(load_config(None, [*base, "sglang.version=0.5.14"]))
     cfg = load_config(None, [*base, "sglang.version=0.5.23"])
     new = resolve_pools(cfg)
     assert old[1] == 1_280_064
@@ -487,5 +488,7 @@ def test_eviction_policy_config_is_checked_and_0523_only() -> None:
                                f"cache.eviction_policy_config={bad}"])  # fmt: skip
     with pytest.raises(ConfigError, match=r"since 0\.5\.20"):
         load_config(
-            None, ["cache.eviction=slru", 'cache.eviction_policy_config={"protected_threshold": 3}']
-        )
+            None,
+            ["sglang.version=0.5.14", "cache.eviction=slru",
+             'cache.eviction_policy_config={"protected_threshold": 3}'],
+        )  # fmt: skip

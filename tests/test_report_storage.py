@@ -24,7 +24,7 @@ from tests.test_report import Tables, figure_data
 
 REPO = Path(__file__).resolve().parent.parent
 TRACE = REPO / "traces" / "data" / "mooncake" / "conversation_trace.jsonl"
-BASE = ["workload.max_requests=400", "workload.rate_scale=0.25"]
+BASE = ["sglang.version=0.5.14", "workload.max_requests=400", "workload.rate_scale=0.25"]
 REL = 2e-5  # figure data carries 6 significant digits
 
 

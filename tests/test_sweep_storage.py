@@ -22,7 +22,7 @@ GRID = f"""
 name = "l3"
 [base]
 trace = "{TRACE}"
-set = ["workload.max_requests=400", "workload.rate_scale=0.25"]
+set = ["sglang.version=0.5.14", "workload.max_requests=400", "workload.rate_scale=0.25"]
 [axes]
 "storage.backend" = ["none", "mooncake"]
 "storage.prefetch_policy" = ["timeout", "best_effort"]

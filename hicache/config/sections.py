@@ -351,9 +351,8 @@ class SglangConfig:
 
     section: ClassVar[str] = "sglang"
 
-    # 0.5.14: HiRadixCache (SGLang <= 0.5.18), the release the L3 tier is modelled for;
-    # 0.5.23: UnifiedRadixCache (SGLang >= 0.5.19, what its users run today). The default
-    # stays 0.5.14 until 0.5.23 has the L3 tier too (hicache.versions states why)
+    # 0.5.23: UnifiedRadixCache (SGLang >= 0.5.19, what its users run today; the default);
+    # 0.5.14: HiRadixCache (SGLang <= 0.5.18), the release this tool was first built against
     version: str = DEFAULT_SGLANG_VERSION
 
     def __post_init__(self) -> None:
@@ -674,11 +673,6 @@ def _check_version_sections(cfg: SimConfig) -> None:
                 f"larger than the device pool), got {ratio:g}",
             )
         return
-    if cfg.storage.enabled and cfg.storage.prefetch_timeout_max != -1:
-        raise ConfigError(
-            "storage.prefetch_timeout_max",
-            f"SGLang {version} caps no prefetch timeout (the cap is 0.5.14's): leave it at -1",
-        )
 
 
 def server_for(cfg: SimConfig) -> ServerSpec:

@@ -51,7 +51,8 @@ def _run(trace: Any, sets: list[str], gated: bool, mp: pytest.MonkeyPatch) -> di
             repeat(self, times, ticks)
 
         m.setattr(HiRadixCache, "repeat_match", counting)
-        cfg = load_config(None, sets)
+        # the gate is 0.5.14's (0.5.23 runs every admission attempt)
+        cfg = load_config(None, ["sglang.version=0.5.14", *sets])
         summary = run_simulation(cfg, trace, None, progress=False)
     summary.pop("wall_time_s", None)
     got["summary"] = summary

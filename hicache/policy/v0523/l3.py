@@ -89,8 +89,9 @@ class StoragePrefetchRetries:
         self.pending.clear()
 
     def pop_ready(
-        self, waiting: Sequence[Waiting], interval: int, max_attempts: int
-    ) -> list[tuple[Waiting, int | None]]:
+        self, waiting: Any, interval: int, max_attempts: int
+    ) -> list[tuple[Any, int | None]]:
+        """``waiting``: the queue (a sequence of :class:`Waiting`, list or deque)."""
         """One scheduler pass: the waiting requests whose retry is due, in queue order (a
         speculative retry of the queue head is dropped)."""
         self.step += 1
@@ -101,7 +102,7 @@ class StoragePrefetchRetries:
             self.cancel(waiting[0].rid)
         if not any(r.due_step is None or r.due_step <= self.step for r in self.pending.values()):
             return []
-        ready: list[tuple[Waiting, int | None]] = []
+        ready: list[tuple[Any, int | None]] = []
         for req in waiting:
             retry = self.pending.get(req.rid)
             if retry is None:
