@@ -150,7 +150,8 @@ class KVLifecycle0523:
             return 0
         if not storage.check_prefetch_progress(rid, now):
             return -1
-        return storage.pop_prefetch_loaded_span(rid)[0]
+        loaded: int = storage.pop_prefetch_loaded_span(rid)[0]
+        return loaded
 
     def admitted(self, rid: Hashable) -> None:
         """``finish_storage_prefetch_admission`` and the retry's cancel, once admitted."""

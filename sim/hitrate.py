@@ -91,12 +91,10 @@ class HitRateConfig:
         check_version(self.sglang_version)
         if self.sglang_version == "0.5.14" and self.eviction == "tlru":
             raise ValueError("eviction=tlru is SGLang's since 0.5.21: use sglang_version 0.5.23")
-        if self.sglang_version != "0.5.14":
-            if self.eviction == "oracle":
-                raise ValueError(
-                    "eviction=oracle is available with SGLang 0.5.14 only (add "
-                    "--sglang-version 0.5.14)"
-                )
+        if self.sglang_version != "0.5.14" and self.eviction == "oracle":
+            raise ValueError(
+                "eviction=oracle is available with SGLang 0.5.14 only (add --sglang-version 0.5.14)"
+            )
         if p < 1:
             raise ValueError(f"page_size must be >= 1, got {p}")
         if self.device_tokens <= 0 or self.device_tokens % p:

@@ -245,7 +245,9 @@ def storage_summary(engine: Any, frames: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _storage_summary_0523(engine: Any, frames: dict[str, Any], setup: StorageSetup) -> dict[str, Any]:
+def _storage_summary_0523(
+    engine: Any, frames: dict[str, Any], setup: StorageSetup
+) -> dict[str, Any]:
     """The ``storage`` block of a 0.5.23 run: the same keys where 0.5.23 has the step, and its
     own (retries, deadlines, early insertion) beside them."""
     req = frames["requests"]

@@ -66,16 +66,18 @@ def test_hitrate_equals_the_real_class_on_a_trace_slice() -> None:
 
 
 def test_l3_self_test_agrees_and_exercises_the_storage_tier(tmp_path: Any) -> None:
-    assert run.main(["--l3", "--self-test", "--sequences", "1", "--steps", "80",
-                     "--page-sizes", "1", "--evictions", "lru", "--out", str(tmp_path)]) == 0  # fmt: skip
+    args = ["--l3", "--self-test", "--sequences", "1", "--steps", "80", "--page-sizes", "1",
+            "--evictions", "lru", "--out", str(tmp_path)]  # fmt: skip
+    assert run.main(args) == 0
     import json
 
     report = json.loads((tmp_path / "conformance-l3.json").read_text())
     assert report["mismatches"] == []
     cov = report["totals"]["ours"]["coverage"]
     # the sequences reach the paths the L3 check is there for
-    for key in ("l3_prefetch_issued", "l3_hit_allocs", "l3_loaded_from_storage",
-                "l3_backup_ops", "l3_retries_armed", "retries_issued", "l3_terminated"):  # fmt: skip
+    keys = ("l3_prefetch_issued", "l3_hit_allocs", "l3_loaded_from_storage", "l3_backup_ops",
+            "l3_retries_armed", "retries_issued", "l3_terminated")  # fmt: skip
+    for key in keys:
         assert cov.get(key, 0) > 0, key
 
 

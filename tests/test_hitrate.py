@@ -135,8 +135,10 @@ def test_cli_grid_csv_json_plot(tmp_path: Path, capsys: pytest.CaptureFixture[st
         # a count that is not a page multiple is rounded down with a note; under one page is
         # an error
         (["--device-tokens", "10", "--page-size", "64"], "less than one page"),
-        (["--device-tokens", "4096", "--host-tokens", "4096", "--sglang-version", "0.5.14"],
-         "must be larger than the device"),  # 0.5.23 allows it (with SGLang's warning)
+        (
+            ["--device-tokens", "4096", "--host-tokens", "4096", "--sglang-version", "0.5.14"],
+            "must be larger than the device",
+        ),  # 0.5.23 allows it (with SGLang's warning)
         (["--device-tokens", "4096", "--write-policy", "later"], "unknown write policy"),
         (["--device-tokens", "4096", "--hicache-ratio", "0.5"], "must be larger than the device"),
     ],

@@ -10,7 +10,9 @@ import pytest
 from conformance.v0523.ours_side import OursUnifiedCache
 
 
-def _cache(policy: str = "wait_complete", host: int = 64, threshold: int = 2, **kw: Any) -> OursUnifiedCache:
+def _cache(
+    policy: str = "wait_complete", host: int = 64, threshold: int = 2, **kw: Any
+) -> OursUnifiedCache:
     l3 = {"prefetch_policy": policy, "threshold": threshold, "batch_pages": 2,
           "timeout_base": 1.0, "timeout_per_ki_token": 256.0}  # fmt: skip
     return OursUnifiedCache(page_size=1, device_pages=32, host_pages=host,
@@ -61,7 +63,7 @@ def test_the_rate_limit_is_half_the_host_pool_and_arms_a_retry() -> None:
     c = _cache(host=16)  # limit: 8 tokens
     c.prefetch("a", PROMPT, 8, 0.0, None)  # reserves 8
     assert _l3(c).ctrl.prefetch_rate_limited()
-    c.prefetch("b", [3] + PROMPT, 9, 0.0, None)
+    c.prefetch("b", [3, *PROMPT], 9, 0.0, None)
     st = c.l3_state()
     assert [o[0] for o in st["ongoing_prefetch"]] == ["a"]
     assert st["retries"] == [("b", False, None, None)]
@@ -118,7 +120,8 @@ def test_cache_only_replay_reads_l3_under_0_5_23(policy: str, expect_l3: bool) -
     # four stems in turn; the device holds one, the host about two: the oldest only L3 keeps
     # (the host needs room beside its copies of device-resident pages for a fetched hit)
     cfg = HitRateConfig(device_tokens=48, host_tokens=96, page_size=1, storage=True,
-                        prefetch_policy=policy, prefetch_threshold=8, sglang_version="0.5.23")  # fmt: skip
+                        prefetch_policy=policy, prefetch_threshold=8,
+                        sglang_version="0.5.23")  # fmt: skip
     res = replay(reqs, cfg)
     assert res.prefetches_issued > 0
     assert (res.storage_hit_tokens > 0) is expect_l3

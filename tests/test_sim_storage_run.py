@@ -14,7 +14,12 @@ from sim.engine import Engine, run_simulation
 from traces.bundled import MOONCAKE_CONVERSATION
 from traces.io import read_trace
 
-BASE = ["sglang.version=0.5.14", "workload.max_requests=400", "gpu.device_tokens=262144", "workload.rate_scale=0.25"]
+BASE = [
+    "sglang.version=0.5.14",
+    "workload.max_requests=400",
+    "gpu.device_tokens=262144",
+    "workload.rate_scale=0.25",
+]
 
 
 @pytest.fixture(scope="module")

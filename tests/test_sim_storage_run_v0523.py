@@ -89,7 +89,10 @@ def test_the_0514_timeout_cap_is_ignored_with_a_note(tmp_path: Any) -> None:
         capture_output=True, text=True, cwd=root, timeout=300,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
-    assert "prefetch_timeout_max ignored: SGLang 0.5.23 caps no prefetch timeout" in out.stdout + out.stderr
+    assert (
+        "prefetch_timeout_max ignored: SGLang 0.5.23 caps no prefetch timeout"
+        in out.stdout + out.stderr
+    )
 
 
 def test_state_is_consistent_after_a_run(trace: Any) -> None:

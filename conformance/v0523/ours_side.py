@@ -246,7 +246,9 @@ class OursUnifiedCache:
 
     def retry_pass(self, waiting: list[Any], interval: int, max_attempts: int) -> list[Any]:
         assert self.l3 is not None
-        return [(r.rid, end) for r, end in self.l3.retries.pop_ready(waiting, interval, max_attempts)]
+        return [
+            (r.rid, end) for r, end in self.l3.retries.pop_ready(waiting, interval, max_attempts)
+        ]
 
     def cancel_retry(self, rid: str) -> None:
         assert self.l3 is not None
@@ -300,7 +302,9 @@ class OursUnifiedCache:
             "occupied": c.prefetch_tokens_occupied,
             "query_queue": [(op.rid, len(op.symbols) * ps) for op in c.prefetch_queue],
             "hit_queue": [(op.rid, op.storage_hit_count) for op in c.prefetch_hit_queue],
-            "read_queue": [(op.rid, op.read_pages, op.io_pages) for op in c.prefetch_buffer],
+            "read_queue": [
+                (op.rid, op.read_pages, c.read_progress(op)) for op in c.prefetch_buffer
+            ],
             "ack_queue": [
                 (k.op.rid, k.completed_tokens, k.completed_req) for k in c.ack_prefetch_queue
             ],

@@ -272,8 +272,8 @@ def run_l3_sequence(
             coverage.update(a.counts)
         return None
     finally:
-        for d in (a, b):
-            close = getattr(d.side, "close", None)
+        for drv in (a, b):
+            close = getattr(drv.side, "close", None)
             if close is not None:
                 close()
 

@@ -32,8 +32,6 @@ from array import array
 from typing import Any
 
 import torch
-
-from conformance.v0523.sglang_side import RealUnifiedCache
 from sglang.srt.managers import cache_controller as _cc
 from sglang.srt.mem_cache.base_prefix_cache import CacheRequestHandle, MatchPrefixParams
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorageExtraInfo
@@ -41,6 +39,8 @@ from sglang.srt.mem_cache.pool_host import mha as _mha_host
 from sglang.srt.mem_cache.radix_cache import RadixKey
 from sglang.srt.mem_cache.utils import get_storage_hash_str
 from sglang.srt.utils import poll_timer as _poll_timer
+
+from conformance.v0523.sglang_side import RealUnifiedCache
 
 try:
     from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import PrefetchAck
@@ -325,7 +325,7 @@ class RealUnifiedCacheL3(RealUnifiedCache):
         return self._pages(torch.tensor(list(slots), dtype=torch.int64))
 
     def l3_state(self) -> dict[str, Any]:
-        cache, cc, ps = self.cache, self.cc, self.page_size
+        cache, cc = self.cache, self.cc
         _, paths = self._tree()
         ongoing = []
         for h, info in cache.ongoing_prefetch.items():
@@ -365,7 +365,9 @@ class RealUnifiedCacheL3(RealUnifiedCache):
             "ongoing_prefetch": sorted(ongoing),
             "occupied": int(cc.prefetch_tokens_occupied),
             "query_queue": [(op.request_id, len(op.token_ids)) for op in cc.prefetch_queue.queue],
-            "hit_queue": [(op.request_id, int(op.storage_hit_count)) for op in cc.prefetch_hit_queue.queue],
+            "hit_queue": [
+                (op.request_id, int(op.storage_hit_count)) for op in cc.prefetch_hit_queue.queue
+            ],
             "read_queue": read,
             "ack_queue": [
                 (a.operation.request_id, a.completed_tokens, bool(a.completed_req))
@@ -373,12 +375,16 @@ class RealUnifiedCacheL3(RealUnifiedCache):
             ],
             "backup_queue": backup,
             "ack_backup": cc.ack_backup_queue.qsize(),
-            "ongoing_backup": sorted(paths.get(int(n)) or () for n, _ in cache.ongoing_backup.values()),
+            "ongoing_backup": sorted(
+                paths.get(int(n)) or () for n, _ in cache.ongoing_backup.values()
+            ),
             "release_queue": release,
             "waits": waits,
             "retries": retries,
             "retry_step": cache.storage_prefetch_retries._step,
-            "loaded": sorted((h.rid, int(v)) for h, v in cache.prefetch_loaded_tokens_by_reqid.items()),
+            "loaded": sorted(
+                (h.rid, int(v)) for h, v in cache.prefetch_loaded_tokens_by_reqid.items()
+            ),
             "loaded_start": sorted(
                 (h.rid, int(v)) for h, v in cache.prefetch_loaded_storage_start_by_reqid.items()
             ),

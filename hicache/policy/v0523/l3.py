@@ -26,7 +26,7 @@ decides nothing.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -35,6 +35,7 @@ from hicache.policy.v0523.node import UNode
 
 if TYPE_CHECKING:
     from hicache.policy.v0523.cache import UnifiedRadixCache
+    from hicache.policy.v0523.tree import Match
 
 #: ``--hicache-storage-prefetch-retry-poll-interval`` / ``--...-max-attempts`` defaults (0.5.20+,
 #: managers/scheduler.py:3393-3424; arg_groups/fields/memory.py).
@@ -314,8 +315,7 @@ class StorageAttachment:
             return False  # the KV has landed
         wait = self.waits.get(op.rid)
         return wait is not None and (
-            wait.expired
-            or (wait.started_at is not None and now - wait.started_at > wait.timeout_s)
+            wait.expired or (wait.started_at is not None and now - wait.started_at > wait.timeout_s)
         )
 
     def deadline_of(self, rid: Hashable) -> float | None:
@@ -431,7 +431,9 @@ class StorageAttachment:
         self.tree.dec_host_lock_ref(info.anchor, info.uuid)
         if release:
             self.ctrl.append_host_mem_release(release)
-        self.ctrl.prefetch_tokens_occupied = max(0, self.ctrl.prefetch_tokens_occupied - info.tokens)
+        self.ctrl.prefetch_tokens_occupied = max(
+            0, self.ctrl.prefetch_tokens_occupied - info.tokens
+        )
 
     def revoke_pending_prefetch(self, rid: Hashable) -> None:
         if rid in self.ongoing_prefetch:
@@ -539,7 +541,7 @@ def prefetch_kvcache(
     attachment: StorageAttachment,
     rid: Hashable,
     key: tuple[Hashable, ...],
-    match: Any,
+    match: Match,
     match_end: int,
     now: float,
     storage_hit_end: int | None = None,
@@ -549,7 +551,7 @@ def prefetch_kvcache(
     match, if that is backed up or the root, fetch the pages after the matched ones up to
     ``match_end`` tokens. Returns the matched length (``storage_prefetch_last_match_len``)."""
     ps = attachment.page_size
-    matched = len(match.device_pages) * ps + match.host_hit_length
+    matched: int = len(match.device_pages) * ps + match.host_hit_length
     anchor = match.best
     if anchor.host_value is None and anchor is not attachment.tree.root:
         if not attachment.tree.is_write_back:

@@ -262,7 +262,7 @@ class StorageController0523(StorageController):
         self.ack_prefetch_queue.append(PrefetchAck(op, None, True))
         self.counts.completion_acks += 1
 
-    def read_progress(self, op: PrefetchOp) -> int:  # type: ignore[override]
+    def read_progress(self, op: PrefetchOp) -> int:
         """Pages read so far (the stage's own count: ``completed_tokens`` is what the
         scheduler has drained)."""
         assert isinstance(op, PrefetchOp0523)
