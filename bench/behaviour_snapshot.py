@@ -90,6 +90,16 @@ RUNS = {
 
 CLI: list[str] = []  # the command (``--cli``); default: the installed hicache-sim
 CWD: str | None = None
+#: the SGLang release every command runs (``--sglang-version``; "" = the CLI's default). The
+#: saved baseline was made with 0.5.14 (the default until issue 24 made it 0.5.23)
+VERSION = "0.5.14"
+
+
+def _version(flag: bool = True) -> list[str]:
+    """The version as a command flag (``--sglang-version V``) or a ``--set`` item."""
+    if not VERSION:
+        return []
+    return ["--sglang-version", VERSION] if flag else ["--set", f"sglang.version={VERSION}"]
 
 
 def _cli(*args: str) -> None:
@@ -145,12 +155,13 @@ def snapshot(tmp: Path) -> dict[str, Any]:
     snap: dict[str, Any] = {}
     for i, (trace, args) in enumerate(HITRATE):
         out = tmp / f"hitrate{i}.csv"
-        _cli("hitrate", str(trace), *args, "--csv", str(out), "--jobs", "2")
+        _cli("hitrate", str(trace), *args, "--csv", str(out), "--jobs", "2", *_version())
         snap[f"hitrate{i}"] = _csv_rows(out)
-    _cli("demo", "--out", str(tmp / "demo"), "--jobs", "2")
+    _cli("demo", "--out", str(tmp / "demo"), "--jobs", "2", *_version())
     snap["demo"] = _summaries(tmp / "demo")
     snap["demo_hitrate"] = _csv_rows(tmp / "demo/hitrate.csv")
-    _cli("sweep", str(ROOT / "examples/quick.toml"), "--out", str(tmp / "quick"), "--jobs", "2")
+    _cli("sweep", str(ROOT / "examples/quick.toml"), "--out", str(tmp / "quick"), "--jobs", "2",
+         *_version())  # fmt: skip
     snap["quick"] = _summaries(tmp / "quick")
     long = tmp / "long.jsonl"
     _cli("trace", "gen", "multiturn", "--clients", "32", "--rounds", "3", "--output-length",
@@ -164,6 +175,7 @@ def snapshot(tmp: Path) -> dict[str, Any]:
             "--out",
             str(out),
             *[a for s in sets for a in ("--set", s)],
+            *_version(flag=False),
         )
         snap[f"run:{name}"] = _summaries(out)
     try:
@@ -174,7 +186,7 @@ def snapshot(tmp: Path) -> dict[str, Any]:
         out = tmp / "replay"
         _cli("replay", "run", str(MULTI), "--device", "cpu", "--out", str(out),
              "--device-mem-gb", "0.05", "--host-mem-gb", "0.2", "--layers", "2",
-             "--flush-mib", "0")  # fmt: skip
+             "--flush-mib", "0", *_version())  # fmt: skip
         snap["replay"] = _clean(json.loads((out / "summary.json").read_text())["cache"])
     return snap
 
@@ -202,8 +214,12 @@ def main() -> int:
                     "an older checkout: --cli 'python -m sim.cli' --cwd ../old")  # fmt: skip
     ap.add_argument("--cwd", help="folder to run the command in")
     ap.add_argument("--allow-added", default="", help="comma-separated keys that may be new")
+    ap.add_argument("--sglang-version", default=VERSION,
+                    help=f"the release every command runs (default {VERSION}, the baseline's; "
+                    "'' = the CLI's default)")  # fmt: skip
     args = ap.parse_args()
-    global CWD
+    global CWD, VERSION
+    VERSION = args.sglang_version
     CLI[:] = shlex.split(args.cli) if args.cli else []
     CWD = args.cwd
     t0 = time.perf_counter()

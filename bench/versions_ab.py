@@ -1,11 +1,12 @@
 """Cost per SGLang version, measured in one run (issue 24: 0.5.23 within 1.3x of 0.5.14).
 
-    python bench/versions_ab.py [TRACE] [--repeat 3] [--timed] [--max-requests N]
+    python bench/versions_ab.py [TRACE] [--repeat 3] [--timed] [--max-requests N] [--l3]
 
 Medians of ``--repeat`` runs per version, alternating, for each write policy; prints seconds and
 the 0.5.23 / 0.5.14 ratio. Cache-only (default): the replay at 1 M : 4 M tokens, page 64, LRU.
 ``--timed``: ``run_simulation`` with the defaults (llama-3-8b, h100-sxm, page 64) at the demo's
-rate (0.25 x the trace's), the trace read excluded.
+rate (0.25 x the trace's), the trace read excluded. ``--l3``: with an L3 store (cache-only: an
+unlimited one, timeout policy; timed: ``storage.backend=mooncake``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--timed", action="store_true", help="time run_simulation, not the replay")
     ap.add_argument("--max-requests", type=int, default=0)
+    ap.add_argument("--l3", action="store_true", help="with an L3 store behind the host tier")
     args = ap.parse_args()
     if args.timed:
         timed(args)
@@ -34,7 +36,8 @@ def main() -> None:
         for _ in range(args.repeat):
             for v in times:
                 cfg = HitRateConfig(device_tokens=999_936, host_tokens=4_000_000, page_size=64,
-                                    write_policy=wp, sglang_version=v)  # fmt: skip
+                                    write_policy=wp, sglang_version=v,
+                                    storage=args.l3)  # fmt: skip
                 t0 = time.perf_counter()
                 replay(reqs, cfg)
                 times[v].append(time.perf_counter() - t0)
@@ -55,6 +58,8 @@ def timed(args: argparse.Namespace) -> None:
                         "workload.rate_scale=0.25"]  # fmt: skip
                 if args.max_requests:
                     sets.append(f"workload.max_requests={args.max_requests}")
+                if args.l3:
+                    sets.append("storage.backend=mooncake")
                 cfg = load_config(None, sets)
                 t0 = time.perf_counter()
                 run_simulation(cfg, trace, None, progress=False)

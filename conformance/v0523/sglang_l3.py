@@ -31,16 +31,22 @@ import types
 from array import array
 from typing import Any
 
-import torch
-from sglang.srt.managers import cache_controller as _cc
-from sglang.srt.mem_cache.base_prefix_cache import CacheRequestHandle, MatchPrefixParams
-from sglang.srt.mem_cache.hicache_storage import HiCacheStorageExtraInfo
-from sglang.srt.mem_cache.pool_host import mha as _mha_host
-from sglang.srt.mem_cache.radix_cache import RadixKey
-from sglang.srt.mem_cache.utils import get_storage_hash_str
-from sglang.srt.utils import poll_timer as _poll_timer
+# first: importing it installs the stubs the sglang modules below need (see sglang_side)
+from conformance.v0523 import sglang_side
 
-from conformance.v0523.sglang_side import RealUnifiedCache
+RealUnifiedCache = sglang_side.RealUnifiedCache
+
+import torch  # noqa: E402
+from sglang.srt.managers import cache_controller as _cc  # noqa: E402
+from sglang.srt.mem_cache.base_prefix_cache import (  # noqa: E402
+    CacheRequestHandle,
+    MatchPrefixParams,
+)
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorageExtraInfo  # noqa: E402
+from sglang.srt.mem_cache.pool_host import mha as _mha_host  # noqa: E402
+from sglang.srt.mem_cache.radix_cache import RadixKey  # noqa: E402
+from sglang.srt.mem_cache.utils import get_storage_hash_str  # noqa: E402
+from sglang.srt.utils import poll_timer as _poll_timer  # noqa: E402
 
 try:
     from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import PrefetchAck
