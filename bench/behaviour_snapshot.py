@@ -206,6 +206,7 @@ def _diff(a: Any, b: Any, path: str, out: list[str]) -> None:
 
 
 def main() -> int:
+    global CWD, VERSION
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     g = ap.add_mutually_exclusive_group(required=True)
     g.add_argument("--save", type=Path)
@@ -218,7 +219,6 @@ def main() -> int:
                     help=f"the release every command runs (default {VERSION}, the baseline's; "
                     "'' = the CLI's default)")  # fmt: skip
     args = ap.parse_args()
-    global CWD, VERSION
     VERSION = args.sglang_version
     CLI[:] = shlex.split(args.cli) if args.cli else []
     CWD = args.cwd

@@ -114,8 +114,9 @@ class Prefetching:
         self, budget: PrefillBudget, batch: list[tuple[SimReq, int, int]]
     ) -> None:
         """The admission loop with an L3 tier: each request the loop reaches is first checked
-        (``check_prefetch_progress``); one still prefetching is skipped, not blocking."""
-        cache, life = self._l3()
+        (``check_prefetch_progress``); one still prefetching is skipped, not blocking. What a
+        release does with the credit (:meth:`_take_credit`) and after the attempt
+        (:meth:`_after_attempt`) is its own."""
         p, now = self.p, self.env.now
         i = 0
         while i < len(self.waiting) and budget.rem_total() > 0 and budget.rem_input > 0:
@@ -124,25 +125,42 @@ class Prefetching:
             if p.max_running_requests and len(self.running) + len(batch) >= p.max_running_requests:
                 break
             req = self.waiting[i]
-            entry = cache.ongoing_prefetch.get(req.rid)
-            credit = life.prefetch_done(req.rid, now)
+            op = self._prefetch_op(req.rid)
+            credit = self.life.prefetch_done(req.rid, now)
             if credit < 0:  # reached, but held back by its prefetch
                 if req.prefetch_held < 0:
                     req.prefetch_held = now
-                    req.prefetch_op = entry.op if entry is not None else None
+                    req.prefetch_op = op
                 i += 1
                 continue
             if req.prefetch_held >= 0:
                 req.prefetch_wait += self._held_until(req, now) - req.prefetch_held
                 req.prefetch_held = -1.0
-            req.storage_credit += credit
+            self._take_credit(req, credit)
             n = len(self.waiting)
             ok = self._add_waiting(budget, batch, req)
-            if credit and len(self.waiting) == n:
-                cache.defects["D5"] += 1  # SGLang overwrites the credit with 0 next pass
-                cache.defect_tokens["D5"] += credit
+            if self._after_attempt(req, credit, len(self.waiting) < n) and ok:
+                i += 1  # it stays queued and the loop goes on
             if not ok:
                 break
+
+    def _prefetch_op(self, rid: int) -> PrefetchOp | None:
+        """The operation of ``rid``'s prefetch in flight (None: none)."""
+        entry = self._l3()[0].ongoing_prefetch.get(rid)
+        return entry.op if entry is not None else None
+
+    def _take_credit(self, req: SimReq, credit: int) -> None:
+        """0.5.14: the popped credit adds to what the request holds."""
+        req.storage_credit += credit
+
+    def _after_attempt(self, req: SimReq, credit: int, admitted: bool) -> bool:
+        """After ``_add_waiting``; True: the request stayed queued but the loop goes on.
+        0.5.14: a credit popped in a pass that did not admit is lost in SGLang (D5)."""
+        if credit and not admitted:
+            cache = self._l3()[0]
+            cache.defects["D5"] += 1  # SGLang overwrites the credit with 0 next pass
+            cache.defect_tokens["D5"] += credit
+        return False
 
     def _op_deadline(self, op: PrefetchOp) -> float | None:
         """When ``op``'s timeout passes (None: no timeout policy)."""

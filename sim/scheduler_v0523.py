@@ -120,44 +120,22 @@ class Scheduler0523(Scheduler):
         self._prefetch(req)
         return True
 
-    def _admit_with_prefetch(
-        self, budget: PrefillBudget, batch: list[tuple[SimReq, int, int]]
-    ) -> None:
-        """The admission loop with 0.5.23's L3 checks: ``check_prefetch_progress`` (a request
-        still prefetching is skipped), ``pop_prefetch_loaded_span`` (a credit is kept until
-        admission), the device-hit-loss re-query inside :meth:`_add_waiting`, and, once
-        admitted, the wait budget closed and the retry cancelled."""
-        life = self._v0523()[0]
-        storage = self._l3_0523()
-        p, now = self.p, self.env.now
-        i = 0
-        while i < len(self.waiting) and budget.rem_total() > 0 and budget.rem_input > 0:
-            if budget.rem_chunk <= 0:
-                break
-            if p.max_running_requests and len(self.running) + len(batch) >= p.max_running_requests:
-                break
-            req = self.waiting[i]
-            entry = storage.ongoing_prefetch.get(req.rid)
-            credit = life.prefetch_done(req.rid, now)
-            if credit < 0:  # reached, but held back by its prefetch
-                if req.prefetch_held < 0:
-                    req.prefetch_held = now
-                    req.prefetch_op = entry.op if entry is not None else None
-                i += 1
-                continue
-            if req.prefetch_held >= 0:
-                req.prefetch_wait += self._held_until(req, now) - req.prefetch_held
-                req.prefetch_held = -1.0
-            if credit > 0:
-                req.storage_credit = credit  # storage_hit_length: set only when > 0
-            n = len(self.waiting)
-            ok = self._add_waiting(budget, batch, req)
-            if len(self.waiting) < n:
-                life.admitted(req.rid)
-            elif ok:
-                i += 1  # left queued by its re-query
-            if not ok:
-                break
+    def _prefetch_op(self, rid: int) -> PrefetchOp | None:
+        info = self._l3_0523().ongoing_prefetch.get(rid)
+        return info.op if info is not None else None
+
+    def _take_credit(self, req: SimReq, credit: int) -> None:
+        """``req.storage_hit_length`` is set only when the popped span is > 0 (0.5.16+): a
+        credit survives a pass that does not admit the request."""
+        if credit > 0:
+            req.storage_credit = credit
+
+    def _after_attempt(self, req: SimReq, credit: int, admitted: bool) -> bool:
+        """Admitted: the wait budget closes and its retry is cancelled. Not admitted but the
+        loop goes on: its device-hit-loss re-query (:meth:`_add_waiting` returned True)."""
+        if admitted:
+            self._v0523()[0].admitted(req.rid)
+        return not admitted
 
     def _op_deadline(self, op: PrefetchOp) -> float | None:
         return self._l3_0523().deadline_of(op.rid)

@@ -231,6 +231,14 @@ def storage_summary(engine: Any, frames: dict[str, Any]) -> dict[str, Any]:
         "requests_prefetch_waited": len(waits),
         "backup_ops": tier["backup_ops"],
         "backed_up_tokens": tier["backuped_tokens_total"],
+        **_io_totals(sims, stores, page_tokens),
+    }
+    return out
+
+
+def _io_totals(sims: list[Any], stores: list[Any], page_tokens: int) -> dict[str, Any]:
+    """The stages' and stores' totals, the same under every release."""
+    return {
         "bytes_read": sum(s.stats.bytes_read for s in sims),
         "bytes_written": sum(s.stats.bytes_written for s in sims),
         "pages_discarded": sum(s.stats.pages_discarded for s in sims),
@@ -242,7 +250,6 @@ def storage_summary(engine: Any, frames: dict[str, Any]) -> dict[str, Any]:
         "write_busy_s": sum(s.stats.busy_s["write"] for s in sims),
         "query_busy_s": sum(s.stats.busy_s["query"] for s in sims),
     }
-    return out
 
 
 def _storage_summary_0523(
@@ -291,15 +298,6 @@ def _storage_summary_0523(
             "requests_prefetch_waited": len(waits),
             "backup_ops": tier["backup_ops"],
             "backed_up_tokens": tier["backup_tokens"],
-            "bytes_read": sum(s.stats.bytes_read for s in sims),
-            "bytes_written": sum(s.stats.bytes_written for s in sims),
-            "pages_discarded": sum(s.stats.pages_discarded for s in sims),
-            "store_tokens": sum(len(st) for st, _, _ in stores) * pt,
-            "store_written_tokens": sum(st.pages_written for st, _, _ in stores) * pt,
-            "store_skipped_tokens": sum(st.pages_skipped for st, _, _ in stores) * pt,
-            "store_evicted_tokens": sum(st.pages_evicted for st, _, _ in stores) * pt,
-            "read_busy_s": sum(s.stats.busy_s["read"] for s in sims),
-            "write_busy_s": sum(s.stats.busy_s["write"] for s in sims),
-            "query_busy_s": sum(s.stats.busy_s["query"] for s in sims),
+            **_io_totals(sims, stores, pt),
         },
     }

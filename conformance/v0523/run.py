@@ -372,75 +372,41 @@ def main(argv: list[str] | None = None) -> int:
             )
 
         rights = {core: real(core) for core in args.cores.split(",")}
+    return _run_cores(args, cs, rights, _l12_sequence, "", "conformance.json")
+
+
+def _l12_sequence(
+    combo: Any, seed: int, steps: int, right: Factory, view: Any, cov: Counter[str]
+) -> dict[str, Any] | None:
+    res = run_sequence(combo, seed, steps, ours, right, view)
+    cov.update(COVERAGE)
+    COVERAGE.clear()
+    return res
+
+
+def _run_cores(
+    args: argparse.Namespace,
+    cs: list[Any],
+    rights: dict[str, Any],
+    one: Callable[..., dict[str, Any] | None],
+    label: str,
+    report_name: str,
+) -> int:
+    """``args.sequences`` sequences per combination against each side of ``rights``; prints
+    each mismatch, the coverage and the totals, writes ``report_name`` under ``args.out``;
+    1 if any sequence mismatched."""
     report: dict[str, Any] = {"totals": {}, "mismatches": []}
-    bad = 0
-    for core, right in rights.items():
-        n = steps = 0
-        t0 = time.process_time()
-        for ci, combo in enumerate(cs):
-            for k in range(args.sequences):
-                seed = hash((args.seed, ci, k)) & 0xFFFFFFFF
-                view = (lambda x: canonical(common_view(x))) if core == "rust" else canonical
-                res = run_sequence(combo, seed, args.steps, ours, right, view)
-                n += 1
-                steps += args.steps
-                if res:
-                    bad += 1
-                    res["core"] = core
-                    report["mismatches"].append(res)
-                    print(
-                        f"MISMATCH [{core}] {res['combo']} seed={seed} step={res['step']}: "
-                        f"{res['op'][:120]}\n   {res['diff'][:400]}",
-                        flush=True,
-                    )
-        report["totals"][core] = {
-            "sequences": n,
-            "steps": steps,
-            "mismatches": sum(1 for m in report["mismatches"] if m["core"] == core),
-            "cpu_s": round(time.process_time() - t0, 1),
-        }
-        print(f"[{core}] exercised: {dict(COVERAGE)}", flush=True)
-        report["totals"][core]["coverage"] = dict(COVERAGE)
-        COVERAGE.clear()
-        print(
-            f"[{core}] {n} sequences x {args.steps} steps over {len(cs)} combinations: "
-            f"{report['totals'][core]['mismatches']} mismatching",
-            flush=True,
-        )
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "conformance.json").write_text(json.dumps(report, indent=1, default=str))
-    return 1 if bad else 0
-
-
-def _main_l3(args: argparse.Namespace) -> int:
-    from conformance.v0523 import run_l3
-
-    cs = run_l3.l3_combos(
-        [int(p) for p in args.page_sizes.split(",")],
-        args.policies.split(","),
-        args.evictions.split(","),
-    )
-    if args.self_test:
-        rights: dict[str, Any] = {"ours": run_l3.ours_l3}
-    else:
-        rights = {core: run_l3.real_factory(core) for core in args.cores.split(",")}
-    report: dict[str, Any] = {"totals": {}, "mismatches": []}
-    bad = 0
     for core, right in rights.items():
         n = 0
         t0 = time.process_time()
         cov: Counter[str] = Counter()
+        view = (lambda x: canonical(common_view(x))) if core == "rust" else canonical
         for ci, combo in enumerate(cs):
             for k in range(args.sequences):
                 seed = hash((args.seed, ci, k)) & 0xFFFFFFFF
-                view = run_l3.rust_view if core == "rust" else canonical
-                res = run_l3.run_l3_sequence(
-                    combo, seed, args.steps, run_l3.ours_l3, right, view, cov
-                )
+                res = one(combo, seed, args.steps, right, view, cov)
                 n += 1
                 if res:
-                    bad += 1
                     res["core"] = core
                     report["mismatches"].append(res)
                     print(
@@ -456,16 +422,37 @@ def _main_l3(args: argparse.Namespace) -> int:
             "cpu_s": round(time.process_time() - t0, 1),
             "coverage": dict(cov),
         }
-        print(f"[{core}] L3 exercised: {dict(cov)}", flush=True)
+        print(f"[{core}] {label}exercised: {dict(cov)}", flush=True)
         print(
-            f"[{core}] L3: {n} sequences x {args.steps} steps over {len(cs)} combinations: "
+            f"[{core}] {label}{n} sequences x {args.steps} steps over {len(cs)} combinations: "
             f"{mism} mismatching",
             flush=True,
         )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "conformance-l3.json").write_text(json.dumps(report, indent=1, default=str))
-    return 1 if bad else 0
+    (out / report_name).write_text(json.dumps(report, indent=1, default=str))
+    return 1 if report["mismatches"] else 0
+
+
+def _main_l3(args: argparse.Namespace) -> int:
+    from conformance.v0523 import run_l3
+
+    cs = run_l3.l3_combos(
+        [int(p) for p in args.page_sizes.split(",")],
+        args.policies.split(","),
+        args.evictions.split(","),
+    )
+    if args.self_test:
+        rights: dict[str, Any] = {"ours": run_l3.ours_l3}
+    else:
+        rights = {core: run_l3.real_factory(core) for core in args.cores.split(",")}
+
+    def one(
+        combo: Any, seed: int, steps: int, right: Any, view: Any, cov: Counter[str]
+    ) -> dict[str, Any] | None:
+        return run_l3.run_l3_sequence(combo, seed, steps, run_l3.ours_l3, right, view, cov)
+
+    return _run_cores(args, cs, rights, one, "L3: ", "conformance-l3.json")
 
 
 if __name__ == "__main__":

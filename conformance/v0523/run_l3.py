@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conformance.v0523.ours_side import OursUnifiedCache
-from conformance.v0523.run import Combo, Driver, Sequence, canonical, common_view, diff
+from conformance.v0523.run import Combo, Driver, Sequence, canonical, diff
 
 PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
 #: pages per backend call (SGLang's STORAGE_BATCH_SIZE is 128; small here so that transfers and
@@ -283,10 +283,6 @@ def _safe(d: Driver, op: tuple[Any, ...]) -> Any:
         return d.step(op)
     except Exception as e:  # a raise is a result too: both sides must raise alike
         return {"raised": type(e).__name__}
-
-
-def rust_view(x: dict[str, Any]) -> dict[str, Any]:
-    return canonical(common_view(x))
 
 
 def real_factory(core: str) -> Factory:
