@@ -84,7 +84,23 @@ def _comparison_html(data: ReportData) -> str:
     return "".join(_html_table(shown[p], by_title, "comparison") for p in parts if p)
 
 
-DEFECTS_TITLE = "SGLang 0.5.14 defects this trace would hit"
+def defects_title(data: ReportData) -> str:
+    """The section's title: the releases of the runs (0.5.14's defects, or the one 0.5.23
+    still has)."""
+    versions = sorted({_release(r.summary) for r in data.runs})
+    return f"SGLang {' and '.join(versions)} defects this trace would hit"
+
+
+def _release(summary: dict[str, Any]) -> str:
+    return str(summary.get("sglang_version") or "0.5.14")
+
+
+#: What the section says about 0.5.23 (the one defect it still has is reproduced).
+DEFECTS_INTRO_0523 = (
+    "SGLang 0.5.23 fixed the 0.5.14 defects below on the dense path but one, which the "
+    "simulator reproduces, as SGLang behaves, and counts: B6, under write_back a request whose "
+    "deepest match is an unbacked device node issues no L3 prefetch."
+)
 #: What the defects section says about the simulator itself.
 DEFECTS_INTRO = (
     "SGLang 0.5.14 has defects (summary.json's sglang_defects lists them) that this simulator does "
@@ -105,12 +121,22 @@ def _defects_html(data: ReportData) -> str | None:
     rows = defect_rows(data)
     if rows is None:
         return None
-    parts = [f"<p>{html.escape(DEFECTS_INTRO)}</p>"]
+    releases = {_release(r.summary) for r in data.runs}
+    parts = []
+    if "0.5.14" in releases:
+        parts.append(f"<p>{html.escape(DEFECTS_INTRO)}</p>")
+    if releases - {"0.5.14"}:
+        parts.append(f"<p>{html.escape(DEFECTS_INTRO_0523)}</p>")
     older = sum(1 for r in data.runs if not isinstance(r.summary.get("sglang_defects"), dict))
     if not rows:
+        counted = []
+        if "0.5.14" in releases:
+            counted.append("0.5.14: D1-D10 with an L3 tier, L2LB always")
+        if releases - {"0.5.14"}:
+            counted.append("0.5.23: B6 with an L3 tier")
         parts.append(
-            '<p class="none-hit">None were hit: no run reached any of the SGLang 0.5.14 '
-            "defects the simulator counts (D1-D10 with an L3 tier, L2LB always).</p>"
+            '<p class="none-hit">None were hit: no run reached any of the defects the '
+            f"simulator counts ({'; '.join(counted)}).</p>"
         )
     else:
         t = pd.DataFrame(
@@ -118,7 +144,7 @@ def _defects_html(data: ReportData) -> str | None:
                 "run": [r["run"] for r in rows],
                 "count": [integer(r["count"]) for r in rows],
                 "tokens": [integer(r["tokens"]) for r in rows],
-                "what SGLang 0.5.14 does; here: what the simulator does instead": [
+                "what SGLang does (0.5.14 rows: here, what the simulator does instead)": [
                     r["what"] for r in rows
                 ],
             },
@@ -294,7 +320,7 @@ def render_html(
         nav += f' <a href="#{sid}">{html.escape(stitle)}</a>'
     defects = _defects_html(data)
     if defects is not None:
-        nav += f' <a href="#sglang-defects">{html.escape(DEFECTS_TITLE)}</a>'
+        nav += f' <a href="#sglang-defects">{html.escape(defects_title(data))}</a>'
     nav += ' <a href="#comparison">Comparison</a> <a href="#configs">Configurations</a>'
     inputs = sorted({r.sweep or r.shown for r in data.runs})
     sections = []
@@ -320,7 +346,7 @@ def render_html(
         *sections,
         *(
             [
-                f'<section id="sglang-defects"><h2>{html.escape(DEFECTS_TITLE)}</h2>'
+                f'<section id="sglang-defects"><h2>{html.escape(defects_title(data))}</h2>'
                 f"{defects}</section>"
             ]
             if defects is not None

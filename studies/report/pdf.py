@@ -35,7 +35,9 @@ def _pdf(data: ReportData, figures: Sequence[ReportFigure], title: str, path: Pa
     lines = text.splitlines()
     defects = defect_rows(data)
     if defects is not None:
-        lines += ["", "SGLang 0.5.14 defects this trace would hit (the simulator avoids them):"]
+        from studies.report.html import defects_title
+
+        lines += ["", f"{defects_title(data)}:"]
         if not defects:
             lines.append("none were hit")
         for d in defects:
