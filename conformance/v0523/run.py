@@ -12,6 +12,9 @@ checkpoints -- an unfinished chunk, then the finish with its prompt-boundary spl
 and unlock), plus the scheduler's polls (``check_hicache_events``, the controller finishing copies)
 and direct ``evict`` / ``evict_host`` calls. Results and the whole state are compared after every
 step; times are compared by rank (both sides use a logical counter, from different origins).
+
+``--l3``: the L3 sequences of :mod:`conformance.v0523.run_l3` instead (the storage tier on both
+sides, the real one built with the file backend: ``sglang_l3.RealUnifiedCacheL3``).
 """
 
 from __future__ import annotations
