@@ -196,3 +196,29 @@ def test_a_step_check_stops_only_a_chain_that_listens() -> None:
     s._listening, s._check_step = True, 3
     s._step_check(s.env.event())
     assert s._stop_after == 3 and s._wake.triggered
+
+
+@pytest.mark.interpreted_only  # patches a method of a compiled class
+@pytest.mark.parametrize("policy", ["timeout", "wait_complete"])
+def test_blocked_decode_chains_change_nothing(
+    trace: Any, policy: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """While every waiting request waits on its prefetch, 0.5.14's decode steps chain until a
+    storage or copy event or a deadline (``_only_prefetching``); one step per iteration must
+    give the same requests (0.5.23 never chains there: its passes are counted)."""
+    import pandas as pd
+
+    from sim.prefetching import Prefetching
+
+    sets = [*BASE[:1], "storage.backend=file", f"storage.prefetch_policy={policy}",
+            "workload.rate_scale=0.25", "workload.max_requests=600",
+            "gpu.device_tokens=262144"]  # fmt: skip
+    tables = []
+    for plain in (False, True):
+        with monkeypatch.context() as m:
+            if plain:
+                m.setattr(Prefetching, "_only_prefetching", lambda self: False)
+            out = tmp_path / str(plain)
+            run_simulation(load_config(None, sets), trace, out, progress=False)
+        tables.append(pd.read_parquet(out / "requests.parquet").round(9))
+    assert tables[0].equals(tables[1])
