@@ -287,6 +287,21 @@ def run_sequence(
 ) -> dict[str, Any] | None:
     ops = Sequence(combo, seed, steps).ops()
     a, b = Driver(left(combo), combo.page_size), Driver(right(combo), combo.page_size)
+    res = compare_steps(combo, seed, ops, a, b, view)
+    if res is None:
+        COVERAGE.update(a.side.coverage())
+    return res
+
+
+def compare_steps(
+    combo: Any,
+    seed: int,
+    ops: list[tuple[Any, ...]],
+    a: Driver,
+    b: Driver,
+    view: Callable[[dict[str, Any]], dict[str, Any]],
+) -> dict[str, Any] | None:
+    """Each op on both drivers; the first step whose result or state differs (None: none)."""
     for i, op in enumerate(ops):
         ra, rb = _safe(a, op), _safe(b, op)
         d = diff(ra, rb, "result") or diff(
@@ -301,7 +316,6 @@ def run_sequence(
                 "diff": d,
                 "ops": [repr(o)[:200] for o in ops[: i + 1]],
             }
-    COVERAGE.update(a.side.coverage())
     return None
 
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conformance.v0523.ours_side import OursUnifiedCache
-from conformance.v0523.run import Combo, Driver, Sequence, canonical, diff
+from conformance.v0523.run import Combo, Driver, Sequence, canonical, compare_steps
 
 PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
 #: pages per backend call (SGLang's STORAGE_BATCH_SIZE is 128; small here so that transfers and
@@ -253,36 +253,16 @@ def run_l3_sequence(
     ops = L3Sequence(combo, seed, steps).ops()
     a, b = L3Driver(left(combo), combo.page_size), L3Driver(right(combo), combo.page_size)
     try:
-        for i, op in enumerate(ops):
-            ra, rb = _safe(a, op), _safe(b, op)
-            d = diff(ra, rb, "result") or diff(
-                view(a.side.snapshot()), view(b.side.snapshot()), "state"
-            )
-            if d:
-                return {
-                    "combo": combo.label(),
-                    "seed": seed,
-                    "step": i,
-                    "op": repr(op)[:300],
-                    "diff": d,
-                    "ops": [repr(o)[:200] for o in ops[: i + 1]],
-                }
-        if coverage is not None:
+        res = compare_steps(combo, seed, ops, a, b, view)
+        if res is None and coverage is not None:
             coverage.update(a.side.coverage())
             coverage.update(a.counts)
-        return None
+        return res
     finally:
         for drv in (a, b):
             close = getattr(drv.side, "close", None)
             if close is not None:
                 close()
-
-
-def _safe(d: Driver, op: tuple[Any, ...]) -> Any:
-    try:
-        return d.step(op)
-    except Exception as e:  # a raise is a result too: both sides must raise alike
-        return {"raised": type(e).__name__}
 
 
 def real_factory(core: str) -> Factory:
