@@ -9,6 +9,7 @@ the duplex PCIe link, the SimController, arrivals, the scheduler and the recorde
 from __future__ import annotations
 
 import hashlib
+import heapq
 import itertools
 import math
 import os
@@ -89,7 +90,10 @@ class Engine:
             for inst in self.instances:
                 inst.sched.record_spans = False
         for inst in self.instances:
-            inst.sched.span_ok = not closed_loop
+            # a closed-loop turn is announced when its predecessor finishes; with several
+            # instances that is another instance's finish, in the middle of this one's segment:
+            # segments then run one per timeout and listen for arrivals
+            inst.sched.span_ok = not (closed_loop and instances > 1)
         self.storage = storage
         self.router = router
         self.reqs: Sequence[SimReq] = reqs  # handed to the arrival plan at run(), then let go
@@ -100,6 +104,10 @@ class Engine:
         self._finished_n = 0
         self._all_done = self.env.event()
         self._next_turn: dict[Any, list[SimReq]] = {}
+        # closed-loop turns scheduled (their predecessor finished) and not arrived yet: their
+        # arrival times, a heap (with the order they were scheduled in, SimPy's tie order)
+        self._turns: list[tuple[float, int]] = []
+        self._turns_made = 0
         # open-loop arrivals still to come, in order (each is let go once admitted, so a
         # finished request's state is freed: its row is in the recorder)
         self._open: deque[SimReq] | _Arrivals = deque()
@@ -167,8 +175,12 @@ class Engine:
         self.instances[i].admit(r)
 
     def _next_arrival(self) -> float:
-        # the next open-loop arrival (closed-loop turns only follow finishes)
-        return self._open[0].arrival if self._open else math.inf
+        """The next arrival known now: the next open-loop one, or a closed-loop turn whose
+        predecessor has finished (a decode segment ends at it, so that its request is seen at
+        the next step). A turn not scheduled yet (its predecessor still running, maybe on
+        another instance) is not known: a segment it lands in is cut by its wake-up."""
+        t = self._open[0].arrival if self._open else math.inf
+        return min(t, self._turns[0][0]) if self._turns else t
 
     def _finished(self, r: SimReq) -> None:
         self._finished_n += 1
@@ -181,11 +193,14 @@ class Engine:
             follower = nxt[0]
             self._next_turn[id(follower)] = nxt[1:]
             delay = follower.req.think_time_s
+            heapq.heappush(self._turns, (self.env.now + delay, self._turns_made))
+            self._turns_made += 1
 
             def later(
                 env: simpy.Environment = self.env, f: SimReq = follower
             ) -> Generator[simpy.Event, Any, None]:
                 yield env.timeout(delay)
+                heapq.heappop(self._turns)  # the earliest scheduled: this one
                 self._admit(f)
 
             self.env.process(later())
@@ -352,9 +367,14 @@ def resolve_closed_loop(mode: str, trace: Trace, n_used: int) -> bool:
 
 
 def run_simulation(
-    cfg: SimConfig, trace: Trace, out_dir: Path | None = None, progress: bool | None = None
+    cfg: SimConfig,
+    trace: Trace,
+    out_dir: Path | None = None,
+    progress: bool | None = None,
+    frames_out: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Run ``cfg`` over ``trace``; write the run directory if ``out_dir``; return the summary."""
+    """Run ``cfg`` over ``trace``; write the run directory if ``out_dir``; return the summary.
+    ``frames_out``: a dict that receives the run's tables (``requests``, ``transfers``, ...)."""
     from hicache.config import config_to_dict, resolve_pools
 
     t0 = time.perf_counter()
@@ -395,6 +415,8 @@ def run_simulation(
     )
     duration = engine.run()
     frames = engine.frames(take=True)
+    if frames_out is not None:
+        frames_out.update(frames)
     summary = summarize(frames, duration, time.perf_counter() - t0)
     summary["sglang_version"] = cfg.sglang.version
     summary.update(storage_summary(engine, frames))

@@ -24,6 +24,7 @@ from sim.controller import SimController
 from sim.costs import Costs
 from sim.link import DuplexLink
 from sim.metrics import Recorder, RequestRow, TimelineRow
+from sim.reference import ReferenceScheduler, ReferenceScheduler0523
 from sim.scheduler import Scheduler, SchedulerParams, SimReq
 from sim.scheduler_v0523 import Scheduler0523
 from sim.storage import SimStorage
@@ -74,7 +75,7 @@ class Instance:
                     eviction_policy=eviction,
                     load_back_threshold=load_back_threshold,
                 ),
-                Scheduler,
+                ReferenceScheduler if sched.engine == "reference" else Scheduler,
             )
         else:
             self.cache, kind = (
@@ -85,7 +86,7 @@ class Instance:
                     eviction_policy_config=eviction_params,
                     load_back_threshold=load_back_threshold,
                 ),
-                Scheduler0523,
+                ReferenceScheduler0523 if sched.engine == "reference" else Scheduler0523,
             )
         self.sched = kind(env, self.cache, costs, sched, self.ctrl, self._finished,
                           self._sample, next_arrival)  # fmt: skip
@@ -160,10 +161,10 @@ class Instance:
         return sum(r.input_length - r.filled for r in self.sched.waiting)
 
     def running_tokens(self) -> int:
-        """KV tokens its running requests hold (with the steps of a decode call in progress,
-        which the requests' own counters receive when it ends)."""
+        """KV tokens its running requests hold (with the steps of a decode call in progress that
+        have ended, which the requests' own counters receive when the call ends)."""
         s = self.sched
-        return s.kv_total + len(s.running) * s.pending_steps
+        return s.kv_total + len(s.running) * s.steps_ended()
 
     def cached_prefix(self, req: PagedRequest) -> tuple[int, int]:
         """``(device, host-only)`` tokens of ``req``'s prompt prefix in this cache, matched as

@@ -41,8 +41,6 @@ class Prefetching:
     _idle: bool
     _seg: tuple[float, float, float, int] | None
     _check_step: int
-    _stop_after: int
-    _listening: bool
     _drain_due: bool
 
     def wake(self) -> None:
@@ -62,8 +60,8 @@ class Prefetching:
         """A copy or storage call ended (runs with an L3 tier): SGLang's loop sees it at its
         next iteration. Idle: wake now. Inside a chain of decode steps: at the end of the step
         under way, run that iteration's HiCache check (acks start backups, drains release
-        slots and pins) and, if a waiting request may now be admitted, stop the chain there.
-        In a prefill: the loop checks when it ends.
+        slots and pins; a segment with requests waiting is one step, so the loop's own
+        admission follows). In a prefill: the loop checks when it ends.
 
         ``storage``: the kind of a storage call that ended ("" for a copy). Its drain can only
         matter to a waiting request's prefetch check (a query or read; a backup ack only
@@ -96,11 +94,6 @@ class Prefetching:
         if self._seg is None or j == 0:
             return  # the segment it was meant for is over
         self._hicache_events()
-        # only a chain whose whole queue is prefetching waits on the wake-up (a chain started
-        # with an empty queue runs to its planned end, as without an L3 tier)
-        if self._listening and self.waiting and not self._only_prefetching():
-            self._stop_after = j
-            self.wake()
 
     # ----------------------------------------------------------------------------- loop --
 
@@ -170,10 +163,6 @@ class Prefetching:
         """When the waiting request ``rid``'s prefetch stops holding it (None: never, by time)."""
         return self._l3()[0].prefetch_deadline(rid)
 
-    def _prefetch_pending(self, rid: int, now: float) -> bool:
-        """``rid``'s prefetch check would say "not yet" now (and change nothing)."""
-        return self._l3()[0].prefetch_pending(rid, now)
-
     def _held_until(self, req: SimReq, now: float) -> float:
         """When ``req``'s prefetch stopped holding it back: its I/O ended or its timeout
         passed (what came after, until admission reached it again, is queueing)."""
@@ -206,13 +195,6 @@ class Prefetching:
 
         delay = due - now + 1e-9  # the comparison is strict
         self.env.timeout(delay).callbacks.append(ring)
-
-    def _only_prefetching(self) -> bool:
-        """Every waiting request's prefetch check would say "not yet" now (FCFS, L3 on)."""
-        if self.cache.storage is None or self.p.policy == "lpm" or self.chunked is not None:
-            return False
-        now = self.env.now
-        return all(self._prefetch_pending(r.rid, now) for r in self.waiting)
 
     @staticmethod
     def _steps_until(elapsed: float, k: int, step0: float, inc: float) -> int:

@@ -183,8 +183,6 @@ class Scheduler(Prefetching):
         self._idle = False
         self._seg: tuple[float, float, float, int] | None = None
         self._check_step = 0
-        self._stop_after = 0
-        self._listening = False  # a blocked chain waits on the wake-up event (see notify)
         self._drain_due = False
         # the admission attempt of this iteration (see Gate): the queue head's failed match
         # (the tokens it needed, the clock after it, its touches; -1: none usable)
@@ -500,15 +498,8 @@ class Scheduler(Prefetching):
         a, b = self.cost.decode_coeffs(bs)
         kv0 = self.kv_total
         queued = bool(self.waiting) or self.chunked is not None
-        # every waiting request still prefetching: admission cannot change until a storage or
-        # copy event (which wakes us: the step under way ends, then admission runs) or a
-        # timeout deadline, so the steps chain as with an empty queue (FCFS only: LPM's
-        # per-step matching touches the tree)
-        blocked = queued and self._only_prefetching()
         gate: Gate | None = None
-        if blocked:
-            queued = False
-        elif queued and chain and not evicted:
+        if queued and chain and not evicted:
             gate = self._gate()
             queued = gate is None
         # with a queue every step re-checks admission: one step, no plan needed
@@ -516,14 +507,7 @@ class Scheduler(Prefetching):
         # an empty queue, open-loop arrivals, no tier below host: between two segments the
         # chain only takes boundary pages (nothing else reads the pool or the tree until it
         # ends), so several segments run under one timeout (_plan_span)
-        span = (
-            chain
-            and self.span_ok
-            and not queued
-            and not blocked
-            and gate is None
-            and cache.storage is None
-        )
+        span = chain and self.span_ok and not queued and gate is None and cache.storage is None
         # (steps from now to the request's next page boundary, its index in the batch)
         bounds = [] if queued else [(ps - r.kv_tokens % ps, i) for i, r in enumerate(run)]
         heapq.heapify(bounds)
@@ -575,14 +559,13 @@ class Scheduler(Prefetching):
             dur = k * step0 + b * bs * k * (k - 1) / 2  # steps of a + b*(kv0 + j*bs), j < k
             end = ends[-1] if ends else start + dur
             self._seg = (start, step0, b * bs, k)
-            if blocked or gate is not None:
+            # an arrival nobody announced (a closed-loop turn whose predecessor finished on
+            # another instance) wakes a plain segment too: the step under way ends, then stop
+            listen = not self.span_ok and gate is None and not queued
+            if gate is not None or listen:
                 wake = self._wake = env.event()
-                if blocked:
-                    self._wake_at_prefetch_deadline()
                 seg = env.timeout(end - env.now)
-                self._listening = True
                 got = yield seg | wake
-                self._listening = False
                 if seg not in got and gate is not None:
                     # a copy completed (or a request arrived): the step under way ends, then
                     # the loop's next iteration (events, the gate) runs
@@ -591,8 +574,7 @@ class Scheduler(Prefetching):
                     if end > env.now:
                         yield env.timeout(end - env.now)
                 elif seg not in got:  # woken mid-segment: the step under way ends, then stop
-                    j, self._stop_after = self._stop_after, 0
-                    k = j or self._steps_until(env.now - start, k, step0, b * bs)
+                    k = self._steps_until(env.now - start, k, step0, b * bs)
                     dur = k * step0 + b * bs * k * (k - 1) / 2
                     end = start + dur
                     cut = True
@@ -620,7 +602,7 @@ class Scheduler(Prefetching):
                 continue
             if not chain or queued or done >= finish or cut:
                 break
-            if self.waiting and not (blocked and self._only_prefetching()):
+            if self.waiting:
                 break
             if self.chunked is not None:
                 break
@@ -636,6 +618,21 @@ class Scheduler(Prefetching):
                 run.remove(r)
                 self.kv_total -= r.kv_tokens
                 self._finish(r)
+
+    def steps_ended(self) -> int:
+        """The decode steps of the call in progress that have ended by now (what a router
+        reading this instance sees added to the running requests): those of its earlier
+        segments, and of the segment under way those whose end has passed."""
+        n = self.pending_steps
+        seg = self._seg
+        if seg is None:
+            return n
+        start, step0, inc, k = seg
+        elapsed = self.env.now - start
+        if elapsed <= 0:
+            return n
+        j = self._steps_until(elapsed, k, step0, inc)  # the step under way (or just ended)
+        return n + (j if j * step0 + inc * j * (j - 1) / 2 <= elapsed else j - 1)
 
     def _check_decode_mem(self) -> tuple[list[SimReq], bool]:
         """``check_decode_mem`` and ``retract_decode``: a request whose written KV fills whole

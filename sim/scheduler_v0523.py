@@ -137,21 +137,11 @@ class Scheduler0523(Scheduler):
             self._v0523()[0].admitted(req.rid)
         return not admitted
 
-    def _only_prefetching(self) -> bool:
-        """Never: under 0.5.23 every iteration counts for the waiting-prefix touch (every 32nd
-        pass) and the L3 retry pass, so decode steps cannot chain while requests wait on
-        their prefetch as they do under 0.5.14 (a differential of the two showed different
-        request times)."""
-        return False
-
     def _op_deadline(self, op: PrefetchOp) -> float | None:
         return self._l3_0523().deadline_of(op.rid)
 
     def _prefetch_deadline(self, rid: int) -> float | None:
         return self._l3_0523().deadline_of(rid)
-
-    def _prefetch_pending(self, rid: int, now: float) -> bool:
-        return self._l3_0523().prefetch_pending(rid, now)
 
     # ------------------------------------------------------------------- the loop's steps --
     def _get_new_batch_prefill(self) -> list[tuple[SimReq, int, int]] | None:

@@ -4,7 +4,6 @@ trace on a small device pool (so L1/L2 lose what L3 keeps), at a quarter of the 
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Any
 
 import pytest
@@ -157,68 +156,3 @@ def test_an_expired_timeout_does_not_spin_the_idle_loop(monkeypatch: pytest.Monk
                              "workload.max_requests=60"])  # fmt: skip
     s = run_simulation(cfg, trace, None, progress=False)
     assert s["finished_requests"] == 60 and passes > 60
-
-
-@pytest.mark.interpreted_only  # subclasses Prefetching (compiled classes refuse that)
-def test_a_step_check_stops_only_a_chain_that_listens() -> None:
-    """notify's per-step check runs the iteration's HiCache check; it may end a chain of
-    decode steps only when that chain waits on the wake-up (every waiting request was still
-    prefetching when it started). Otherwise its stop step must not linger for a later chain."""
-    import simpy
-
-    from sim.prefetching import Prefetching
-
-    class Cache:
-        storage = None
-        checks = 0
-
-        def check_hicache_events(self) -> None:
-            Cache.checks += 1
-
-    class Sched(Prefetching):
-        def __init__(self) -> None:
-            self.env = simpy.Environment()
-            self.cache = Cache()  # type: ignore[assignment]
-            self.waiting = deque([object()])  # type: ignore[arg-type]
-            self.p = type("P", (), {"policy": "fcfs"})()  # type: ignore[assignment]
-            self.chunked = None
-            self._wake = self.env.event()
-            self._idle, self._listening, self._drain_due = False, False, False
-            self._seg = (0.0, 1.0, 0.0, 10)
-            self._check_step, self._stop_after = 3, 0
-
-        def wake(self) -> None:
-            self._wake.succeed()
-
-    s = Sched()
-    s._step_check(s.env.event())
-    assert Cache.checks == 1 and s._stop_after == 0 and not s._wake.triggered
-    s._listening, s._check_step = True, 3
-    s._step_check(s.env.event())
-    assert s._stop_after == 3 and s._wake.triggered
-
-
-@pytest.mark.interpreted_only  # patches a method of a compiled class
-@pytest.mark.parametrize("policy", ["timeout", "wait_complete"])
-def test_blocked_decode_chains_change_nothing(
-    trace: Any, policy: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
-) -> None:
-    """While every waiting request waits on its prefetch, 0.5.14's decode steps chain until a
-    storage or copy event or a deadline (``_only_prefetching``); one step per iteration must
-    give the same requests (0.5.23 never chains there: its passes are counted)."""
-    import pandas as pd
-
-    from sim.prefetching import Prefetching
-
-    sets = [*BASE[:1], "storage.backend=file", f"storage.prefetch_policy={policy}",
-            "workload.rate_scale=0.25", "workload.max_requests=600",
-            "gpu.device_tokens=262144"]  # fmt: skip
-    tables = []
-    for plain in (False, True):
-        with monkeypatch.context() as m:
-            if plain:
-                m.setattr(Prefetching, "_only_prefetching", lambda self: False)
-            out = tmp_path / str(plain)
-            run_simulation(load_config(None, sets), trace, out, progress=False)
-        tables.append(pd.read_parquet(out / "requests.parquet").round(9))
-    assert tables[0].equals(tables[1])

@@ -24,6 +24,7 @@ from hicache.config.sections import (
     OUTPUT_MODES,
     ROUTER_POLICIES,
     SCHEDULE_POLICIES,
+    SCHEDULER_ENGINES,
     SECTIONS,
     STORAGE_BACKENDS,
 )
@@ -41,6 +42,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "cache.write_policy": tuple(WRITE_POLICIES),
     "cache.eviction": EVICTION_CHOICES,
     "scheduler.policy": SCHEDULE_POLICIES,
+    "scheduler.engine": SCHEDULER_ENGINES,
     "workload.closed_loop": CLOSED_LOOP_MODES,
     "workload.outputs": OUTPUT_MODES,
     "router.policy": ROUTER_POLICIES,

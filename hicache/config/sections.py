@@ -25,6 +25,9 @@ IO_BACKENDS = ("kernel", "direct")
 MEM_LAYOUTS = ("layer_first", "page_first", "page_first_direct", "page_head")
 #: Admission orders the scheduler implements (ARCHITECTURE.md §4: FCFS or LPM).
 SCHEDULE_POLICIES = ("fcfs", "lpm")
+#: ``scheduler.engine``: the fast scheduler (decode segments, chains, gates, spans) or the
+#: reference one (one event per forward, sim/reference.py); the differential test holds them equal.
+SCHEDULER_ENGINES = ("fast", "reference")
 #: ``auto``: closed loop when the requests used record ``think_time_ms`` (a session id alone is
 #: not enough); ``on``: closed loop for every session; ``off``: replay the timestamps as they are.
 CLOSED_LOOP_MODES = ("auto", "on", "off")
@@ -304,9 +307,13 @@ class SchedulerConfig:
     clip_max_new_tokens: int = 4096
     # env SGLANG_RETRACT_DECODE_STEPS default: tokens reserved per request after a retract
     retract_decode_steps: int = 20
+    # "fast": the scheduler that runs decode steps in segments (the default); "reference":
+    # SGLang's loop one forward per event (sim/reference.py), same results, several times slower
+    engine: str = "fast"
 
     def __post_init__(self) -> None:
         _choice("scheduler.policy", self.policy, SCHEDULE_POLICIES)
+        _choice("scheduler.engine", self.engine, SCHEDULER_ENGINES)
         if self.chunked_prefill_size != -1 and self.chunked_prefill_size < 1:
             raise ConfigError(
                 "scheduler.chunked_prefill_size",

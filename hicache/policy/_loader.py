@@ -26,7 +26,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "hicache.policy": ("radix", "allocator", "eviction", "hiradix", "shortcuts"),
     "hicache.policy.v0523": ("node", "victims", "removal", "tree", "cache"),
     "hicache": ("lifecycle", "lifecycle_v0523"),
-    "sim": ("scheduler", "scheduler_v0523", "admission", "prefetching", "link"),
+    "sim": ("scheduler", "scheduler_v0523", "reference", "admission", "prefetching", "link"),
 }
 #: Every compiled module's dotted name (one mypyc build, one shared library: all or none).
 MODULES = tuple(f"{pkg}.{m}" for pkg, names in GROUPS.items() for m in names)

@@ -365,11 +365,6 @@ class StorageTier:
             self.timeout_max, self.timeout_base + self.timeout_per_ki_token * hit_tokens / 1024
         )
 
-    def prefetch_pending(self, rid: Hashable, now: float) -> bool:
-        """``check_prefetch_progress(rid, now)`` would return False (side-effect free)."""
-        entry = self.ongoing_prefetch.get(rid)
-        return entry is not None and not self.can_terminate_prefetch(entry.op, now)
-
     def prefetch_deadline(self, rid: Hashable) -> float | None:
         """When the timeout policy would let ``rid``'s prefetch go if nothing else happens
         (seconds, the caller's clock), or None (no prefetch, or no timeout)."""

@@ -325,21 +325,6 @@ class StorageAttachment:
             return None
         return wait.started_at + wait.timeout_s
 
-    def prefetch_pending(self, rid: Hashable, now: float) -> bool:
-        """:meth:`check_prefetch_progress` would say "not yet" now and change nothing (a
-        timeout wait whose timer has not started is not pending: its first poll starts it)."""
-        info = self.ongoing_prefetch.get(rid)
-        if info is None or info.op.terminated or self.prefetch_policy == "best_effort":
-            return False
-        if self.prefetch_policy == "wait_complete":
-            return True
-        wait = self.waits.get(rid)
-        return (
-            wait is not None
-            and wait.started_at is not None
-            and not self._deadline_expired(info.op, now)
-        )
-
     def _can_terminate(self, op: PrefetchOp0523, now: float) -> bool:
         if self.prefetch_policy == "best_effort":
             return True
