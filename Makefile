@@ -55,11 +55,13 @@ NATIVE_TESTS := tests/policy tests/sim tests/test_hitrate.py tests/test_hitrate_
 	tests/test_sim_storage_run_v0523.py
 
 # the whole suite on the interpreted modules (the reference), then NATIVE_TESTS on the
-# compiled build
+# compiled build; each on every core (pytest-xdist; a test file stays on one worker, so its
+# module fixtures are built once). XDIST= runs them in one process.
+XDIST ?= -n auto --dist loadfile
 pytest: $(VENV)/.dev
 	$(BIN)/python -m hicache.policy.native build --if-needed
-	HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest
-	HICACHE_NATIVE=require HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest $(NATIVE_TESTS)
+	HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest $(XDIST)
+	HICACHE_NATIVE=require HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest $(XDIST) $(NATIVE_TESTS)
 
 test: lint typecheck pytest
 
