@@ -1,6 +1,5 @@
-"""The scheduler's admission arithmetic: SGLang's PrefillAdder budgets for one batch, and the
-gate that predicts the admission attempts a blocked queue makes between decode steps (both used
-by :class:`sim.scheduler.Scheduler`)."""
+"""The scheduler's admission arithmetic: SGLang's PrefillAdder budgets for one batch and what
+admitting one request returns (used by :class:`sim.scheduler.Scheduler`)."""
 
 from __future__ import annotations
 
@@ -12,7 +11,12 @@ from hicache.policy.v0523 import UnifiedRadixCache
 from sim.cache_types import AnyCache
 
 if TYPE_CHECKING:
-    from sim.scheduler import Scheduler, SchedulerParams, SimReq
+    from sim.scheduler import SchedulerParams, SimReq
+
+
+#: ``AddReqResult``: what admitting one request returned (SGLang's names and meanings), plus
+#: SKIP: not tried, the loop goes on to the next request (0.5.23's device-hit-loss re-query).
+CONTINUE, NO_TOKEN, OTHER, SKIP = 0, 1, 2, 3
 
 
 class PrefillBudget:
@@ -28,6 +32,7 @@ class PrefillBudget:
         "clip",
         "dev",
         "offset",
+        "page_size",
         "rem_chunk",
         "rem_input",
         "reserved",
@@ -49,6 +54,7 @@ class PrefillBudget:
         self.chunking = p.chunked_prefill_size > 0
         self.rem_chunk = p.chunked_prefill_size if self.chunking else 1 << 62
         self.clip = p.clip_max_new_tokens
+        self.page_size = p.page_size
 
     def rem_total(self) -> float:
         # recomputed each time, as PrefillAdder's property: locks and loads change it
@@ -64,74 +70,37 @@ class PrefillBudget:
             evictable = uni.evictable_size()
         return self.dev.available_size() + evictable - reserved - self.offset
 
+    def state(self) -> int:
+        """``budget_state``: NO_TOKEN when the room is gone, OTHER when the prefill or chunk
+        budget is, else CONTINUE. (SGLang also checks the room without the outputs' reservations;
+        it is never below the room with them, so the first test covers it.)"""
+        if self.rem_total() <= 0:
+            return NO_TOKEN
+        if self.rem_input <= 0 or self.rem_chunk <= 0:
+            return OTHER
+        return CONTINUE
+
     def new_tokens(self, req: SimReq) -> int:
-        """Output tokens a request may still need, clipped (``clip_max_new_tokens``)."""
+        """Output tokens a request may still need, clipped (``clip_max_new_tokens``): what
+        ``add_one_req`` checks against the room."""
         return min(req.output_length - req.decoded, self.clip)
 
-    def take(self, size: int, reserve: float) -> None:
-        """Admit ``size`` tokens of prefill that reserve ``reserve`` device tokens."""
-        self.offset += reserve
-        self.rem_input -= size
-        self.rem_chunk -= size
+    def max_new(self, req: SimReq) -> int:
+        """``min(max_new_tokens, CLIP_MAX_NEW_TOKENS)``: what an admitted whole request or final
+        chunk reserves (its outputs so far not subtracted: a retracted request reserves its
+        whole clipped budget again)."""
+        return min(req.output_length, self.clip)
 
+    def ceil(self, tokens: int) -> int:
+        """``ceil_paged_tokens``: ``tokens`` rounded up to whole pages."""
+        ps = self.page_size
+        return -(-tokens // ps) * ps
 
-class Gate:
-    """The admission attempts a waiting queue makes between decode steps, predicted.
-
-    Made right after the loop's attempt failed: the running cap was reached (no match), the
-    device had no room left after the batch's reservations (no match), or the queue head was
-    matched and needed more than the room (``total`` tokens; -1 when that match cannot be
-    reused). Until a request finishes, the tree changes or a copy completes (the chain checks
-    again then), the head's match cannot change, and the room after ``j`` more steps is what
-    the loop would compute: free and evictable pages now, less the reservations at the
-    ``new_token_ratio`` of that step. The reservations come from one integer sum, checked
-    against the loop's own float sum whenever they come within rounding of a threshold."""
-
-    __slots__ = ("big", "cap", "decay", "min_ratio", "n", "ratios", "sched", "sum_r", "ticks",
-                 "total")  # fmt: skip
-
-    def __init__(self, sched: Scheduler, cap: bool, total: int, ticks: int) -> None:
-        self.sched = sched
-        self.cap = cap
-        self.total = total
-        self.ticks = ticks  # clock ticks of one match of the head
-        clip = sched.p.clip_max_new_tokens
-        left = [r.output_length - r.decoded for r in sched.running]
-        self.n = len(left)
-        self.sum_r = sum(left)
-        self.big = [x - clip for x in left if x > clip]  # steps each stays clipped
-        self.ratios = [sched.new_token_ratio]
-        self.min_ratio, self.decay = sched.min_ratio, sched.ratio_decay
-
-    def ratio(self, j: int) -> float:
-        """``new_token_ratio`` after ``j`` one-step decode calls (decayed step by step)."""
-        rs = self.ratios
-        while len(rs) <= j:
-            rs.append(max(self.min_ratio, rs[-1] - self.decay * 1))
-        return rs[j]
-
-    def check(self, j: int, taken: int = 0) -> int:
-        """The loop's attempt after ``j`` more steps, ``taken`` device tokens of page
-        boundaries passed on the way allocated by then (not yet now): -1 if it may admit (or
-        would match a head whose match cannot be reused): the loop must make it; 0 if it
-        fails without matching; 1 if it fails after matching the head."""
-        if self.cap:
-            return 0
-        s = self.sched
-        ratio = self.ratio(j)
-        owed = self.sum_r - self.n * j
-        for over in self.big:
-            if over > j:
-                owed -= over - j
-        room = s.dev.available_size() - taken + s.cache.evictable_size()
-        approx = ratio * owed
-        margin = 1e-9 * (approx + 1.0)  # far above the float sum's rounding (n ulps)
-        rem = room - approx
-        total = self.total
-        if abs(rem) <= margin or (total >= 0 and abs(total - rem) <= margin):
-            rem = room - s._reserved_at(j, ratio) - 0.0  # the loop's own arithmetic
-        if not rem > 0:
-            return 0
-        if total < 0 or total < rem:
-            return -1
-        return 1
+    def take(self, extend: int, max_new: int) -> None:
+        """``_update_prefill_budget``: a prefill of ``extend`` tokens admitted, reserving its
+        pages, one page of alignment overhead and ``max_new`` output tokens; the prefill and
+        chunk budgets are charged whole pages."""
+        e = self.ceil(extend)
+        self.offset += e + max_new + self.page_size
+        self.rem_input -= e
+        self.rem_chunk -= e

@@ -93,7 +93,7 @@ class Engine:
             # a closed-loop turn is announced when its predecessor finishes; with several
             # instances that is another instance's finish, in the middle of this one's segment:
             # segments then run one per timeout and listen for arrivals
-            inst.sched.span_ok = not (closed_loop and instances > 1)
+            inst.sched.announced = inst.sched.span_ok = not (closed_loop and instances > 1)
         self.storage = storage
         self.router = router
         self.reqs: Sequence[SimReq] = reqs  # handed to the arrival plan at run(), then let go

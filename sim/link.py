@@ -39,6 +39,8 @@ class Job:
     enqueued: float = 0.0
     start: float = -1.0
     end: float = -1.0
+    until: float = -1.0
+    """A drain placeholder's fixed end (:meth:`DuplexLink.complete_all_now`); -1: a copy."""
 
 
 class _Direction:
@@ -98,16 +100,24 @@ class DuplexLink:
         if d.job is None:
             return now
         self._advance(d)
-        work = d.remaining + sum(j.work_s for j in d.queue)
-        return now + work / self._rate(d)
+        rate = self._rate(d)
+        return self._current_end(d, rate) + sum(j.work_s for j in d.queue) / rate
+
+    def _current_end(self, d: _Direction, rate: float) -> float:
+        """When the job in service in ``d`` ends at ``rate`` (a drain placeholder: its end)."""
+        job = d.job
+        assert job is not None
+        if job.until >= 0:
+            return max(self.env.now, job.until)
+        return self.env.now + d.remaining / rate
 
     def complete_all_now(self, direction: str) -> float:
         """Finish every job queued in ``direction`` at its projected drain time, at once.
 
         Models a blocking ``synchronize`` by the caller: the jobs' callbacks run now (their
         ``end`` is set to their projected finish), and the direction stays busy until the drain
-        time through one opaque job, so later copies still queue behind them. Returns the
-        drain time.
+        time through one placeholder that ends there whatever the other direction does
+        meanwhile, so later copies start after the drained ones ended. Returns the drain time.
         """
         d = self.dirs[direction]
         now = self.env.now
@@ -115,8 +125,8 @@ class DuplexLink:
             return now
         self._advance(d)
         rate = self._rate(d)
-        t = now + d.remaining / rate
-        jobs = [d.job]
+        t = self._current_end(d, rate)
+        jobs = [] if d.job.until >= 0 else [d.job]  # an earlier placeholder has no callbacks
         d.job.end = t
         for j in d.queue:
             j.start = t
@@ -124,11 +134,10 @@ class DuplexLink:
             j.end = t
             jobs.append(j)
         d.queue.clear()
-        # keep the direction busy until the drain time with a placeholder of that length
-        blocker = Job(direction, (t - now) * rate, 0, kind="drain")
+        blocker = Job(direction, 0.0, 0, kind="drain", until=t)
         blocker.start = now
         d.job = blocker
-        d.remaining = blocker.work_s
+        d.remaining = 0.0
         d.t = now
         self._arm(d)
         for j in jobs:
@@ -138,7 +147,7 @@ class DuplexLink:
     # ---------------------------------------------------------------------------- internals --
     def _advance(self, d: _Direction) -> None:
         now = self.env.now
-        if d.job is not None:
+        if d.job is not None and d.job.until < 0:
             d.remaining -= (now - d.t) * d.rate
         d.t = now
 
@@ -150,7 +159,8 @@ class DuplexLink:
         d.gen += 1
         gen = d.gen
         d.rate = self._rate(d)
-        delay = max(0.0, d.remaining / d.rate)
+        until = d.job.until if d.job is not None else -1.0
+        delay = max(0.0, until - self.env.now if until >= 0 else d.remaining / d.rate)
         ev = self.env.timeout(delay)
         self.events += 1
         ev.callbacks.append(partial(self._on_timer_cb, d, gen))
@@ -190,8 +200,9 @@ class DuplexLink:
         self._retune(self.dirs[_other(d.name)])
 
     def _retune(self, d: _Direction) -> None:
-        """Re-arm ``d`` if the other direction's busy state changed its service rate."""
-        if d.job is None:
+        """Re-arm ``d`` if the other direction's busy state changed its service rate (a drain
+        placeholder's end is fixed)."""
+        if d.job is None or d.job.until >= 0:
             return
         if self._rate(d) != d.rate:
             self._advance(d)

@@ -20,7 +20,6 @@ from sim.cache_types import AnyCache, AnyLife
 
 if TYPE_CHECKING:
     from hicache.policy.storage import PrefetchOp
-    from sim.admission import PrefillBudget
     from sim.scheduler import SchedulerParams, SimReq
 
 
@@ -51,10 +50,6 @@ class Prefetching:
         retry pass)."""
         self.cache.check_hicache_events()
 
-    def _add_waiting(
-        self, budget: PrefillBudget, batch: list[tuple[SimReq, int, int]], req: SimReq
-    ) -> bool:
-        raise NotImplementedError
 
     def notify(self, storage: str = "") -> None:
         """A copy or storage call ended (runs with an L3 tier): SGLang's loop sees it at its
@@ -103,39 +98,23 @@ class Prefetching:
         assert isinstance(cache, HiRadixCache) and isinstance(life, KVLifecycle)
         return cache, life
 
-    def _admit_with_prefetch(
-        self, budget: PrefillBudget, batch: list[tuple[SimReq, int, int]]
-    ) -> None:
-        """The admission loop with an L3 tier: each request the loop reaches is first checked
-        (``check_prefetch_progress``); one still prefetching is skipped, not blocking. What a
-        release does with the credit (:meth:`_take_credit`) and after the attempt
-        (:meth:`_after_attempt`) is its own."""
-        p, now = self.p, self.env.now
-        i = 0
-        while i < len(self.waiting) and budget.rem_total() > 0 and budget.rem_input > 0:
-            if budget.rem_chunk <= 0:
-                break
-            if p.max_running_requests and len(self.running) + len(batch) >= p.max_running_requests:
-                break
-            req = self.waiting[i]
-            op = self._prefetch_op(req.rid)
-            credit = self.life.prefetch_done(req.rid, now)
-            if credit < 0:  # reached, but held back by its prefetch
-                if req.prefetch_held < 0:
-                    req.prefetch_held = now
-                    req.prefetch_op = op
-                i += 1
-                continue
-            if req.prefetch_held >= 0:
-                req.prefetch_wait += self._held_until(req, now) - req.prefetch_held
-                req.prefetch_held = -1.0
-            self._take_credit(req, credit)
-            n = len(self.waiting)
-            ok = self._add_waiting(budget, batch, req)
-            if self._after_attempt(req, credit, len(self.waiting) < n) and ok:
-                i += 1  # it stays queued and the loop goes on
-            if not ok:
-                break
+    def _prefetch_checked(self, req: SimReq) -> int:
+        """``check_prefetch_progress`` of ``req``, which the admission loop has reached: -1 if
+        its prefetch still holds it back (the loop skips it), else the tokens its prefetch
+        loaded (the popped credit, taken as the release does: :meth:`_take_credit`)."""
+        now = self.env.now
+        op = self._prefetch_op(req.rid)
+        credit = self.life.prefetch_done(req.rid, now)
+        if credit < 0:  # reached, but held back by its prefetch
+            if req.prefetch_held < 0:
+                req.prefetch_held = now
+                req.prefetch_op = op
+            return -1
+        if req.prefetch_held >= 0:
+            req.prefetch_wait += self._held_until(req, now) - req.prefetch_held
+            req.prefetch_held = -1.0
+        self._take_credit(req, credit)
+        return credit
 
     def _prefetch_op(self, rid: int) -> PrefetchOp | None:
         """The operation of ``rid``'s prefetch in flight (None: none)."""
@@ -146,14 +125,13 @@ class Prefetching:
         """0.5.14: the popped credit adds to what the request holds."""
         req.storage_credit += credit
 
-    def _after_attempt(self, req: SimReq, credit: int, admitted: bool) -> bool:
-        """After ``_add_waiting``; True: the request stayed queued but the loop goes on.
-        0.5.14: a credit popped in a pass that did not admit is lost in SGLang (D5)."""
+    def _after_attempt(self, req: SimReq, credit: int, admitted: bool) -> None:
+        """After ``_add_waiting`` tried ``req``. 0.5.14: a credit popped in a pass that did not
+        admit is lost in SGLang (D5)."""
         if credit and not admitted:
             cache = self._l3()[0]
             cache.defects["D5"] += 1  # SGLang overwrites the credit with 0 next pass
             cache.defect_tokens["D5"] += credit
-        return False
 
     def _op_deadline(self, op: PrefetchOp) -> float | None:
         """When ``op``'s timeout passes (None: no timeout policy)."""

@@ -48,7 +48,10 @@ def _loop(s: Scheduler) -> Generator[simpy.Event, Any, None]:
             yield from s._run_prefill(batch)  # run_batch + process_batch_result_prefill
         elif s.running:
             yield from s._run_decode()  # update_running_batch + one decode forward
+        elif s._unfiltered:  # update_running_batch on a batch whose requests all finished
+            s._filter_finished()
         else:  # nothing to run: wait for something the loop would see
+            s._on_idle()
             s.sample()
             s._wake = env.event()
             s._wake_at_prefetch_deadline()
@@ -63,8 +66,9 @@ def _decode_step(s: Scheduler) -> Generator[simpy.Event, Any, None]:
     """``update_running_batch`` then one decode forward and its result
     (``process_batch_result_decode``)."""
     env, cache, run = s.env, s.cache, s.running
+    s._filter_finished()  # filter_batch: the requests that finished leave (0.5.14)
     cache.writing_check()  # flush_write_through_acks
-    at_boundary, _ = s._check_decode_mem()  # check_decode_mem, retract_decode
+    at_boundary, retracted = s._check_decode_mem()  # check_decode_mem, retract_decode
     for r in at_boundary:  # the page each request's next token needs
         s._new_page(r)
     bs = len(run)
@@ -73,9 +77,11 @@ def _decode_step(s: Scheduler) -> Generator[simpy.Event, Any, None]:
     end = start + (a + b * s.kv_total)
     if end > env.now:
         yield env.timeout(end - env.now)
-    s._decay(1)  # new_token_ratio decays once per decode step
+    if not retracted:  # new_token_ratio decays once per decode step that did not retract
+        s._decay(1)
     s._span("decode", start, end, bs)
     s.kv_total += bs
+    left = 0
     for r in list(run):
         r.decoded += 1
         r.kv_tokens += 1
@@ -83,6 +89,8 @@ def _decode_step(s: Scheduler) -> Generator[simpy.Event, Any, None]:
             run.remove(r)
             s.kv_total -= r.kv_tokens
             s._finish(r)
+            left += 1
+    s._left(left)
 
 
 class ReferenceScheduler(Scheduler):

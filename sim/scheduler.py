@@ -16,7 +16,6 @@ Simplifications (documented, deliberate):
 
 from __future__ import annotations
 
-import bisect
 import heapq
 from collections import deque
 from collections.abc import Callable, Generator, Hashable
@@ -31,7 +30,7 @@ from hicache.lifecycle_v0523 import ReqKV23
 from hicache.policy import HiRadixCache, PageAllocator, PageKey
 from hicache.policy.radix import PrefixKey
 from hicache.policy.storage import PrefetchOp
-from sim.admission import Gate, PrefillBudget
+from sim.admission import CONTINUE, NO_TOKEN, OTHER, SKIP, PrefillBudget
 from sim.cache_types import AnyCache, AnyKV, AnyLife
 from sim.link import Job
 from sim.params import SchedulerParams as SchedulerParams
@@ -159,9 +158,11 @@ class Scheduler(Prefetching):
         self.ctrl = ctrl
         self.on_finish = on_finish
         self.sample = sample
-        self.next_arrival = next_arrival  # the next open-loop arrival time (inf: none)
-        # False where requests may also arrive unannounced (closed-loop turns): decode
-        # segments then run one per timeout (_plan_span)
+        self.next_arrival = next_arrival  # the next known arrival time (inf: none)
+        # False where a request may arrive unannounced (a closed-loop turn whose predecessor
+        # finished on another instance): a decode segment then listens for arrivals ...
+        self.announced = True
+        # ... and segments run one per timeout (no _plan_span)
         self.span_ok = True
         self.waiting: deque[SimReq] = deque()
         self.running: list[SimReq] = []
@@ -184,9 +185,11 @@ class Scheduler(Prefetching):
         self._seg: tuple[float, float, float, int] | None = None
         self._check_step = 0
         self._drain_due = False
-        # the admission attempt of this iteration (see Gate): the queue head's failed match
-        # (the tokens it needed, the clock after it, its touches; -1: none usable)
-        self._tried = (-1, -1, 0)
+        # the running batch is full (SGLang's batch_is_full): no admission is tried until a
+        # request leaves it; and (0.5.14) the requests that finished in the last decode step,
+        # still in the running batch until the next one filters them
+        self.batch_is_full = False
+        self._unfiltered = 0
 
     def _make_life(self, cache: AnyCache, outputs: str) -> AnyLife:
         """The request lifecycle on ``cache`` (0.5.14's here; overridden per version)."""
@@ -221,7 +224,10 @@ class Scheduler(Prefetching):
                 yield from self._run_prefill(batch)
             elif self.running:
                 yield from self._run_decode()
+            elif self._unfiltered:  # the batch empties as its finished requests leave
+                self._filter_finished()
             else:
+                self._on_idle()
                 self.sample()
                 self._wake = env.event()
                 self._wake_at_prefetch_deadline()
@@ -242,12 +248,16 @@ class Scheduler(Prefetching):
         return sum(min(r.output_length - r.decoded - steps, clip) * ratio for r in self.running)
 
     def _get_new_batch_prefill(self) -> list[tuple[SimReq, int, int]] | None:
-        """Returns [(req, extend tokens this batch, cached tokens before)] or None."""
-        if not self.waiting and self.chunked is None:
+        """``get_new_batch_prefill``: returns [(req, extend tokens this batch, cached tokens
+        before)] or None. Nothing is tried while the running batch is full (``batch_is_full``:
+        set by a NO_TOKEN or the running cap, cleared when a request leaves; SCHEDULER.md §1a),
+        unless a chunked prefill goes on."""
+        self._before_prefill_attempt()
+        if (self.batch_is_full or not self.waiting) and self.chunked is None:
             return None
         p = self.p
-        self._tried = (-1, -1, 0)
-        if p.max_running_requests and len(self.running) >= p.max_running_requests:
+        if self._allocatable() <= 0 and self.chunked is None:
+            self.batch_is_full = True
             return None
         self._calc_priority()
         # the reservations are summed when first read: nothing between here and there
@@ -256,66 +266,111 @@ class Scheduler(Prefetching):
         batch: list[tuple[SimReq, int, int]] = []
         if self.chunked is not None:
             self._add_chunked(budget, batch)
-        if self.cache.storage is not None:
-            self._admit_with_prefetch(budget, batch)
-            return batch or None
-        # rem_chunk first: rem_total() only reads, so the order changes no decision
-        while self.waiting and budget.rem_chunk > 0 and budget.rem_total() > 0:
-            if budget.rem_input <= 0:
-                break
-            if p.max_running_requests and len(self.running) + len(batch) >= p.max_running_requests:
-                break
-            if not self._add_waiting(budget, batch, self.waiting[0]):
-                break
+        self._admit_waiting(budget, batch)
         return batch or None
 
+    def _before_prefill_attempt(self) -> None:
+        """What the prefill attempt does first to the running batch's flag (0.5.14: nothing;
+        0.5.23 clears it on an empty batch)."""
+
+    def _allocatable(self) -> int:
+        """``get_num_allocatable_reqs``: requests the running cap still admits (``1 << 30``:
+        no cap). 0.5.14 still counts the requests that finished in the last decode step."""
+        cap = self.p.max_running_requests
+        return cap - len(self.running) - self._unfiltered if cap else 1 << 30
+
+    def _pass_spent(self, budget: PrefillBudget) -> bool:
+        """Whether the loop stops before trying the next request (0.5.14 never does: the head
+        is matched and tried even with a spent chunk budget)."""
+        return False
+
+    def _admit_waiting(self, budget: PrefillBudget, batch: list[tuple[SimReq, int, int]]) -> None:
+        """The loop over the waiting queue (``for req in waiting_queue``): the running cap, the
+        L3 prefetch check (a request still prefetching is skipped, not blocking), then
+        ``add_one_req``; it stops at the first result but CONTINUE, a NO_TOKEN marking the batch
+        full when something runs or was admitted."""
+        l3 = self.cache.storage is not None
+        i = 0
+        while i < len(self.waiting):
+            if self._pass_spent(budget):
+                break
+            if len(batch) >= self._allocatable():
+                self.batch_is_full = True
+            if self.batch_is_full:
+                break
+            req = self.waiting[i]
+            credit = self._prefetch_checked(req) if l3 else 0
+            if credit < 0:  # still prefetching: skipped
+                i += 1
+                continue
+            n = len(self.waiting)
+            res = self._add_waiting(budget, batch, req)
+            if res == SKIP:
+                i += 1
+                continue
+            if l3:
+                self._after_attempt(req, credit, len(self.waiting) < n)
+            if res != CONTINUE:
+                if res == NO_TOKEN:
+                    self.batch_is_full = bool(batch) or bool(self.running) or self._unfiltered > 0
+                break
+
     def _add_chunked(self, budget: PrefillBudget, batch: list[tuple[SimReq, int, int]]) -> None:
-        """The next chunk of the request being prefilled in chunks goes first."""
+        """``add_chunked_req``: the next chunk of the request being prefilled in chunks goes
+        first, as long as the chunk budget and the room allow (at least the chunk budget when
+        the room is gone: it must make progress), not page-aligned; the final chunk reserves
+        the request's outputs."""
         req = self.chunked
         assert req is not None
         left = req.fill_len - req.filled
-        size = min(budget.rem_chunk, left)
-        if size < left:
-            size = size // self.p.page_size * self.p.page_size
-        if size > 0:
-            batch.append((req, size, req.filled))
-            budget.take(size, size)
-            if size == left:
-                self.chunked = None
+        rem = min(budget.rem_chunk, int(budget.rem_total()))
+        if rem <= 0:
+            rem = budget.rem_chunk
+        size = min(left, rem)
+        batch.append((req, size, req.filled))
+        last = size == left
+        budget.take(size, budget.max_new(req) if last else 0)
+        if last:
+            self.chunked = None
 
     def _add_waiting(
         self, budget: PrefillBudget, batch: list[tuple[SimReq, int, int]], req: SimReq
-    ) -> bool:
-        """Try to admit ``req`` (the first waiting request the loop reaches:
-        PrefillAdder.add_one_req); False stops the batch."""
-        life, cache = self._v0514()
+    ) -> int:
+        """``PrefillAdder.add_one_req`` (0.5.14) for ``req``, the waiting request the loop
+        reaches: NO_TOKEN, OTHER or (admitted) the budget's state."""
+        life = self._v0514()[0]
         ps = self.p.page_size
         key = self._fill_key(req)
-        clock, made = cache.now(), cache.nodes_made()
         m = life.match(key, req.fill_len)
         dev = m.device_hit_length
         extend = req.fill_len - dev
         total = extend + budget.new_tokens(req) + ps
         if total >= budget.rem_total():
-            if not batch and cache.nodes_made() == made:  # the head, matched without a split
-                self._tried = (total, cache.now(), cache.now() - clock)
-            return False  # NO_TOKEN
-        if not budget.chunking and batch and extend - m.host_hit_length >= budget.rem_input:
-            return False  # OTHER
+            return NO_TOKEN
+        chunking = budget.chunking
+        if not chunking and batch and budget.ceil(extend - m.host_hit_length) >= budget.rem_input:
+            return OTHER
         life.hold(m.last_device_node)  # temporary lock, as PrefillAdder does
         if total >= budget.rem_total():  # locking shrank the evictable pool
             life.release(m.last_device_node)
-            return False
+            return NO_TOKEN
         prefix, last = life.load_back(m)
         loaded = (len(prefix) - m.device_pages) * ps
         cached = len(prefix) * ps
         extend = req.fill_len - cached
-        size = extend if extend <= budget.rem_chunk else budget.rem_chunk // ps * ps
+        paged = budget.ceil(extend)
+        if not chunking and batch and paged >= budget.rem_input:
+            # checked again on the extend after the load (a load below the threshold or short
+            # of room leaves more to prefill); a load it started stays in the tree
+            life.release(m.last_device_node)
+            return OTHER
+        # prefix + chunk page-aligned: the prefix is whole pages, so the chunk is too
+        size = extend if not chunking or paged <= budget.rem_chunk else budget.rem_chunk // ps * ps
         if size <= 0:
             # SGLang returns OTHER here: the request stays queued (a load it started stays in
             # the tree, pinned until its ack)
             life.release(m.last_device_node)
-            return False
+            return OTHER
         kv = life.lock(key, prefix, last)  # the request's own lock
         life.release(m.last_device_node)
         if self.waiting[0] is req:
@@ -338,11 +393,11 @@ class Scheduler(Prefetching):
         req.filled = cached
         batch.append((req, size, cached))
         if size == extend:
-            budget.take(size, extend + budget.new_tokens(req) + ps)
-            return True
-        budget.take(size, size)  # truncated: later chunks bring the rest; only this is reserved
-        self.chunked = req
-        return False
+            budget.take(size, budget.max_new(req))
+        else:  # truncated: later chunks bring the rest; no outputs reserved yet
+            budget.take(size, 0)
+            self.chunked = req
+        return budget.state()
 
     def _calc_priority(self) -> None:
         """``calc_priority``: under LPM the waiting queue is sorted (FCFS: kept as it is)."""
@@ -409,6 +464,11 @@ class Scheduler(Prefetching):
         self, batch: list[tuple[SimReq, int, int]]
     ) -> Generator[simpy.Event, Any, None]:
         env, life, ps = self.env, self.life, self.p.page_size
+        # a write_back eviction during admission (load_back) blocked the CPU in its wait for
+        # the writes: the batch's loads are launched (ready_to_load_host_cache) after it
+        stall = self.ctrl.take_stall()
+        if stall > env.now:
+            yield env.timeout(stall - env.now)
         load_job = self.ctrl.launch_loads()  # ready_to_load_host_cache
         need_tokens = sum(ext for _, ext, _ in batch) + (len(batch) * ps if ps > 1 else 0)
         for req, ext, _ in batch:
@@ -446,6 +506,8 @@ class Scheduler(Prefetching):
             if req.filled < req.fill_len:  # an intermediate chunk
                 req.kv.key = PrefixKey(self._fill_key(req), full)
                 self._checkpoint(req.kv, chunked=True)
+                # the merge at the next iteration drops it from the batch: no longer full
+                self.batch_is_full = False
                 continue
             req.kv_tokens = req.filled
             if req.first_token < 0:
@@ -455,6 +517,7 @@ class Scheduler(Prefetching):
                 req.decoded += 1
             if req.decoded >= req.output_length:
                 self._finish(req)
+                self.batch_is_full = False  # dropped at the merge, as a chunk is
                 continue
             req.kv.key = self._fill_key(req)
             self._checkpoint(req.kv)
@@ -463,154 +526,117 @@ class Scheduler(Prefetching):
 
     # --------------------------------------------------------------------------- decode --
     def _run_decode(self, chain: bool = True) -> Generator[simpy.Event, Any, None]:
-        """Decode segments: runs of steps in which nothing can change a decision.
+        """``update_running_batch`` and decode steps, in segments: runs of steps in which
+        nothing can change a decision.
 
-        The first segment starts with the decode memory check (SGLang's ``check_decode_mem``:
-        a request whose written KV fills whole pages needs a page now; short of pages, evict,
-        then retract). A segment ends at the next page boundary or finish; with an empty
-        queue it also stops before the step that would cross the next arrival; with waiting
-        requests it is one step. Consecutive segments then follow inside this call exactly as
-        the scheduler loop would run them, while nothing waits, nobody finishes, no arrival
-        cut a segment and the free pages cover each boundary (the memory check would neither
-        evict nor retract): same events, same times, same page order, but each request's
-        counters move once per call instead of once per segment (a heap finds the requests
-        at each boundary), which is what a long decode costs. With an empty queue and open-loop
-        arrivals several such segments run under one timeout (:meth:`_plan_span`: their pages
-        taken in order, their float arithmetic replayed). ``chain`` False: one segment (tests
-        drive the scheduler segment by segment).
-
-        With requests waiting, the loop tries admission after every step. When the queue
-        head's attempt has just failed (FCFS, no L3 tier), a :class:`Gate` predicts each
-        later attempt from what it reads (free and evictable pages, the batch's reservations
-        at that step's ``new_token_ratio``, the running cap), and the steps chain while every
-        attempt would fail, through page boundaries too (the gate counts the pages taken on
-        the way); the attempts skipped are accounted to the tree (their clock ticks). A copy
-        that completes wakes the chain: the step under way ends, the HiCache events run, and
-        the gate looks again."""
+        The call starts as SGLang's does: the running batch drops the requests that finished
+        (0.5.14), the write acks are flushed and the memory check runs (``check_decode_mem``: a
+        request whose written KV fills whole pages needs a page now; short of pages, evict,
+        then retract). With admission possible at the next iteration (requests waiting and the
+        batch not full, or a chunked prefill going on) the call is one step. Otherwise nothing
+        the loop would do between two steps reads the queue, so a segment runs to the next page
+        boundary or finish, and stops before the step that would cross the next known arrival
+        (open loop, or a closed-loop turn whose predecessor finished); an arrival nobody
+        announced (a turn whose predecessor finished on another instance) wakes it, and the
+        step under way ends it. Consecutive segments then follow inside this call exactly as
+        the loop would run them, while nobody finishes, no arrival cut a segment and the free
+        pages cover each boundary (the memory check would neither evict nor retract): same
+        events, times and page order, but each request's counters move once per call (a heap
+        finds the requests at each boundary). With open-loop arrivals and no L3 tier several
+        segments run under one timeout (:meth:`_plan_span`). ``chain`` False: one segment
+        (tests drive the scheduler segment by segment). ``sim/reference.py`` runs the same
+        steps one per event; the differential test holds the two equal."""
         env, cache, ps = self.env, self.cache, self.p.page_size
+        self._filter_finished()
         cache.writing_check()  # flush_write_through_acks
         run = self.running
-        # evicted: the head's match may have changed, so no gate this call
-        at_boundary, evicted = self._check_decode_mem()
+        at_boundary, retracted = self._check_decode_mem()
         for r in at_boundary:
             self._new_page(r)
+        owed = 1 if retracted else 0  # a step that retracted does not decay the ratio
         bs = len(run)
         a, b = self.cost.decode_coeffs(bs)
         kv0 = self.kv_total
-        queued = bool(self.waiting) or self.chunked is not None
-        gate: Gate | None = None
-        if queued and chain and not evicted:
-            gate = self._gate()
-            queued = gate is None
-        # with a queue every step re-checks admission: one step, no plan needed
+        queued = self._queued()
         finish = 1 if queued else min(r.output_length - r.decoded for r in run)
-        # an empty queue, open-loop arrivals, no tier below host: between two segments the
-        # chain only takes boundary pages (nothing else reads the pool or the tree until it
-        # ends), so several segments run under one timeout (_plan_span)
-        span = chain and self.span_ok and not queued and gate is None and cache.storage is None
+        # nothing else reads the pool or the tree until the chain ends: several segments run
+        # under one timeout (_plan_span)
+        span = chain and self.span_ok and not queued and cache.storage is None
         # (steps from now to the request's next page boundary, its index in the batch)
         bounds = [] if queued else [(ps - r.kv_tokens % ps, i) for i, r in enumerate(run)]
         heapq.heapify(bounds)
         done = 0
-        skipped = 0  # admission attempts the gate stood for that would have matched the head
         while True:
             if done:
                 self._hicache_events()  # what the loop runs first at that iteration
                 cache.writing_check()
-                seen = 0
-                if gate is not None:
-                    seen = gate.check(done)
-                    if seen < 0:
-                        break  # that attempt may admit: the loop makes it
                 if not self._next_boundary_pages(bounds, done):
                     break
-                skipped += seen
             if span:
                 segs, cut = self._plan_span(bounds, done, finish, a, b, kv0, bs)
                 yield env.timeout(segs[-1][1] - env.now)
                 for start, end, k in segs:  # what the segments' own calls would leave
-                    self._decay(k)
+                    self._decay(k - owed)
+                    owed = 0
                     self._span("decode", start, end, bs)
                     done += k
                 self.pending_steps = done
-                if done >= finish or cut or self.waiting or self.chunked is not None:
+                if done >= finish or cut or self._queued():
                     break  # as after any segment (an arrival may have come meanwhile)
                 continue
             k = 1 if queued else min(finish - done, bounds[0][0] - done)
             step0 = a + b * (kv0 + bs * done)
             start = max(env.now, self.ctrl.take_stall())
             cut = False
-            ends: list[float] = []
-            cum: list[int] = []
-            if gate is not None:
-                # through page boundaries too: the gate counts the pages they take
-                ends, cum = self._plan_gated(gate, done, finish - done, start, a, b, kv0, bs,
-                                             bounds)  # fmt: skip
-                k = len(ends)
-            elif queued:
-                k = 1
-            else:
+            if not queued:  # stop before the step that would cross the next known arrival
                 budget = self.next_arrival() - start
                 kk, t = 1, step0
                 while kk < k and t + step0 + b * bs * kk <= budget:
                     t += step0 + b * bs * kk
                     kk += 1
                 cut, k = kk < k, kk
-            dur = k * step0 + b * bs * k * (k - 1) / 2  # steps of a + b*(kv0 + j*bs), j < k
-            end = ends[-1] if ends else start + dur
+            end = start + (k * step0 + b * bs * k * (k - 1) / 2)  # steps a + b*(kv0 + j*bs)
             self._seg = (start, step0, b * bs, k)
-            # an arrival nobody announced (a closed-loop turn whose predecessor finished on
-            # another instance) wakes a plain segment too: the step under way ends, then stop
-            listen = not self.span_ok and gate is None and not queued
-            if gate is not None or listen:
+            if self.announced or queued:
+                yield env.timeout(end - env.now)
+            else:  # an unannounced arrival may come: listen for its wake-up
                 wake = self._wake = env.event()
                 seg = env.timeout(end - env.now)
                 got = yield seg | wake
-                if seg not in got and gate is not None:
-                    # a copy completed (or a request arrived): the step under way ends, then
-                    # the loop's next iteration (events, the gate) runs
-                    k = bisect.bisect_left(ends, env.now) + 1
-                    end = ends[k - 1]
-                    if end > env.now:
-                        yield env.timeout(end - env.now)
-                elif seg not in got:  # woken mid-segment: the step under way ends, then stop
+                if seg not in got:  # woken mid-segment: the step under way ends, then stop
                     k = self._steps_until(env.now - start, k, step0, b * bs)
-                    dur = k * step0 + b * bs * k * (k - 1) / 2
-                    end = start + dur
+                    end = start + (k * step0 + b * bs * k * (k - 1) / 2)
                     cut = True
                     if end > env.now:
                         yield env.timeout(end - env.now)
-            else:
-                yield env.timeout(end - env.now)
             self._seg = None
             self._check_step = 0
-            if gate is not None:
-                self.new_token_ratio = gate.ratio(done + k)
-                skipped += cum[k - 1]
-                # the boundaries it ran through: their pages, and a compute span each
-                for step in self._take_boundary_pages(bounds, done + k):
-                    self._span("decode", start, ends[step - done - 1], bs)
-                    start = ends[step - done - 1]
-            else:
-                self._decay(k)
+            self._decay(k - owed)
+            owed = 0
             self._span("decode", start, end, bs)
             done += k
             self.pending_steps = done
-            if gate is not None:
-                if done >= finish:
-                    break
-                continue
-            if not chain or queued or done >= finish or cut:
+            if not chain or queued or done >= finish or cut or self._queued():
                 break
-            if self.waiting:
-                break
-            if self.chunked is not None:
-                break
-        if skipped:
-            assert gate is not None
-            cache.repeat_match(skipped, gate.ticks)
+        self._end_decode(done, bs)
+
+    def _on_idle(self) -> None:
+        """``on_idle``: fully idle (nothing running, waiting or chunked), the ratio is reset."""
+        if not self.waiting and self.chunked is None:
+            self.new_token_ratio = self.init_ratio
+
+    def _queued(self) -> bool:
+        """Whether the next iteration may admit: requests wait and the batch is not full, or a
+        chunked prefill goes on."""
+        return (bool(self.waiting) and not self.batch_is_full) or self.chunked is not None
+
+    def _end_decode(self, done: int, bs: int) -> None:
+        """``process_batch_result_decode`` for ``done`` steps at once: every running request's
+        counters, then the finished ones released in batch order."""
+        run = self.running
         self.pending_steps = 0
         self.kv_total += bs * done
+        left = 0
         for r in list(run):
             r.decoded += done
             r.kv_tokens += done
@@ -618,6 +644,21 @@ class Scheduler(Prefetching):
                 run.remove(r)
                 self.kv_total -= r.kv_tokens
                 self._finish(r)
+                left += 1
+        self._left(left)
+
+    def _left(self, n: int) -> None:
+        """``n`` requests finished in the last decode step. 0.5.14 filters them out of the
+        running batch only at the next ``update_running_batch``: until then they count for the
+        running cap and keep the batch full."""
+        self._unfiltered += n
+
+    def _filter_finished(self) -> None:
+        """``update_running_batch``'s ``filter_batch`` (0.5.14): the finished requests leave
+        the running batch, which is then no longer full."""
+        if self._unfiltered:
+            self._unfiltered = 0
+            self.batch_is_full = False
 
     def steps_ended(self) -> int:
         """The decode steps of the call in progress that have ended by now (what a router
@@ -636,97 +677,45 @@ class Scheduler(Prefetching):
 
     def _check_decode_mem(self) -> tuple[list[SimReq], bool]:
         """``check_decode_mem`` and ``retract_decode``: a request whose written KV fills whole
-        pages needs a page now; short of pages, evict, then retract until they fit. Returns
-        the requests at a page boundary and whether anything was evicted or retracted."""
+        pages needs a page now; short of pages, evict; still short, retract (the request with
+        the fewest outputs, ties: the longest prompt, then the last in the batch), each
+        retraction followed by an eviction for 20 tokens per request left and the check again,
+        until the pages fit; then ``new_token_ratio`` is re-estimated from the requests left.
+        Returns the requests at a page boundary and whether any was retracted."""
         ps, run = self.p.page_size, self.running
         dev = self.dev
         at_boundary = [r for r in run if r.kv_tokens % ps == 0]
         need = ps * len(at_boundary)
-        if not need or dev.available_size() >= need:
+        if not need:
             return at_boundary, False
         self._evict_for_decode(need)
-        while dev.available_size() < need and len(run) > 1:
+        if dev.available_size() >= need:
+            return at_boundary, False
+        while len(run) > 1:
             self._retract_one()
+            self._evict_for_decode(self.p.retract_decode_steps * len(run))  # release_req
             at_boundary = [r for r in run if r.kv_tokens % ps == 0]
             need = ps * len(at_boundary)
-            if dev.available_size() < need:
-                self._evict_for_decode(self.p.retract_decode_steps * len(run))
+            self._evict_for_decode(need)  # check_decode_mem of the requests left
+            if dev.available_size() >= need:
+                break
         if dev.available_size() < need:
             raise RuntimeError(
                 "device pool cannot hold even one decoding request (device_tokens too small "
                 "for this trace's longest request)"
             )
+        # estimate_new_token_ratio_after_retract (max_new_tokens not clipped)
+        decoded = sum(r.decoded for r in run)
+        budget = sum(r.output_length for r in run)
+        steps = self.p.retract_decode_steps
+        self.new_token_ratio = min(1.0, (decoded + steps * len(run)) / (budget + 1))
         return at_boundary, True
 
     def _evict_for_decode(self, num_tokens: int) -> None:
-        """The decode check's eviction: 0.5.14 evicts the whole ``num_tokens``."""
-        self.cache.evict(num_tokens)
-
-    def _gate(self) -> Gate | None:
-        """The gate for a chain of steps after a failed admission attempt, or None where the
-        next attempt cannot be predicted (LPM matches every waiting request; an L3 tier
-        checks prefetches; a chunked request goes first)."""
-        p, cache = self.p, self.cache
-        if p.policy == "lpm" or cache.storage is not None or self.chunked is not None:
-            return None
-        cap = bool(p.max_running_requests) and len(self.running) >= p.max_running_requests
-        total, clock, ticks = self._tried
-        if clock != cache.now():  # something touched the tree since that match
-            total = -1
-        return Gate(self, cap, total, ticks)
-
-    def _plan_gated(
-        self,
-        gate: Gate,
-        done: int,
-        k: int,
-        start: float,
-        a: float,
-        b: float,
-        kv0: int,
-        bs: int,
-        bounds: list[tuple[int, int]],
-    ) -> tuple[list[float], list[int]]:
-        """A gated segment of at most ``k`` steps: it stops after the first step whose
-        admission attempt the gate cannot rule out, and before a step that would end after
-        the next arrival (the first step always runs: a router reading this instance at an
-        arrival then sees every step before it). Returns each step's end time, reached as
-        one-step calls reach it (the same float operations), and the matched attempts skipped
-        before each step."""
-        env = self.env
-        arrival = self.next_arrival()
-        near = arrival - 1e-9 * (abs(arrival) + 1.0)
-        now = env.now
-        step0 = a + b * (kv0 + bs * done)
-        t = now + ((start + step0) - now)
-        ends, cum = [t], [0]
-        free = self.dev.free_page_count()
-        heap = list(bounds)  # a heap already: a copy to walk ahead
-        ps = self.p.page_size
-        taken = 0  # pages the boundaries passed so far take
-        m = 1
-        while m < k:
-            seen = gate.check(done + m, taken * ps)
-            if seen < 0:
-                break
-            at = _pass_boundary(heap, done + m, ps)  # the memory check before that step
-            if taken + at > free:
-                break  # short: the loop's own check runs there
-            t2 = t + ((t + (a + b * (kv0 + bs * (done + m)))) - t)
-            # past a boundary a segment used to start again, its first step whatever the
-            # arrival: here it must end well before one (a router read sees the steps done)
-            if t2 > arrival or (at and t2 >= near):
-                break
-            taken += at
-            t = t2
-            ends.append(t)
-            cum.append(cum[-1] + seen)
-            m += 1
-        # one timeout from now must land on the last end exactly
-        while len(ends) > 1 and now + (ends[-1] - now) != ends[-1]:
-            ends.pop()
-            cum.pop()
-        return ends, cum
+        """``evict_from_tree_cache``: 0.5.14 evicts the whole ``num_tokens`` when fewer are
+        free."""
+        if self.dev.available_size() < num_tokens:
+            self.cache.evict(num_tokens)
 
     def _new_page(self, r: SimReq) -> None:
         page = self.dev.alloc_pages(1)
@@ -823,8 +812,11 @@ class Scheduler(Prefetching):
         return steps
 
     def _retract_one(self) -> None:
+        """``retract_decode``'s pop and ``release_req``: the victim leaves the batch, its KV is
+        released without an insert, and it goes back to the waiting queue."""
         run = self.running
-        victim = min(run, key=lambda r: (r.decoded, -r.input_length))
+        # the last of the stable descending sort: on ties the last in batch order
+        victim = min(reversed(run), key=lambda r: (r.decoded, -r.input_length))
         run.remove(victim)
         self.kv_total -= victim.kv_tokens
         assert victim.kv is not None
@@ -833,8 +825,8 @@ class Scheduler(Prefetching):
         victim.retractions += 1
         victim.fill_len = victim.input_length + victim.decoded
         victim.filled = 0
+        self.batch_is_full = False  # the batch shrank
         self._enqueue(victim)
-        self.new_token_ratio = self.init_ratio
 
     def _span(self, kind: str, start: float, end: float, bs: int) -> None:
         """Record a compute span, if this run keeps them (``record_spans``)."""
@@ -842,8 +834,14 @@ class Scheduler(Prefetching):
             self.spans.append((kind, start, end, bs))
 
     def _decay(self, steps: int) -> None:
-        """``new_token_ratio`` after ``steps`` decode steps of one decode call."""
-        self.new_token_ratio = max(self.min_ratio, self.new_token_ratio - self.ratio_decay * steps)
+        """``new_token_ratio`` after ``steps`` decode steps: SGLang's ``decay_step`` once per
+        step (``max(cur - decay, min)``), the same float subtractions."""
+        r, lo, d = self.new_token_ratio, self.min_ratio, self.ratio_decay
+        for _ in range(steps):
+            if r <= lo:
+                break
+            r = max(r - d, lo)
+        self.new_token_ratio = r
 
     def _finish(self, req: SimReq) -> None:
         assert req.kv is not None

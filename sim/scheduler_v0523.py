@@ -41,7 +41,7 @@ from hicache.lifecycle_v0523 import KVLifecycle0523, ReqKV23
 from hicache.policy.storage import PrefetchOp
 from hicache.policy.v0523 import UnifiedRadixCache
 from hicache.policy.v0523.l3 import RETRY_MAX_ATTEMPTS, RETRY_POLL_INTERVAL, StorageAttachment
-from sim.admission import Gate, PrefillBudget
+from sim.admission import NO_TOKEN, OTHER, SKIP, PrefillBudget
 from sim.cache_types import AnyCache, AnyKV, AnyLife
 from sim.scheduler import Scheduler, SimReq
 
@@ -130,12 +130,10 @@ class Scheduler0523(Scheduler):
         if credit > 0:
             req.storage_credit = credit
 
-    def _after_attempt(self, req: SimReq, credit: int, admitted: bool) -> bool:
-        """Admitted: the wait budget closes and its retry is cancelled. Not admitted but the
-        loop goes on: its device-hit-loss re-query (:meth:`_add_waiting` returned True)."""
+    def _after_attempt(self, req: SimReq, credit: int, admitted: bool) -> None:
+        """Admitted: the wait budget closes and its retry is cancelled."""
         if admitted:
             self._v0523()[0].admitted(req.rid)
-        return not admitted
 
     def _op_deadline(self, op: PrefetchOp) -> float | None:
         return self._l3_0523().deadline_of(op.rid)
@@ -144,6 +142,28 @@ class Scheduler0523(Scheduler):
         return self._l3_0523().deadline_of(rid)
 
     # ------------------------------------------------------------------- the loop's steps --
+    def _before_prefill_attempt(self) -> None:
+        """An empty running batch has nobody left to clear the flag (scheduler.py:4093-4096)."""
+        if not self.running:
+            self.batch_is_full = False
+
+    def _pass_spent(self, budget: PrefillBudget) -> bool:
+        """``if adder.budget_state() == OTHER: break`` (4207): a spent prefill or chunk budget
+        stops the loop before the next request is matched (with the room gone it is still
+        matched, and gets NO_TOKEN)."""
+        return budget.state() == OTHER
+
+    def _queued(self) -> bool:
+        """With an L3 tier every iteration counts for a waiting request's retry pass (every
+        8th re-queries storage), full batch or not: one decode step per call while any waits."""
+        return super()._queued() or (self.cache.storage is not None and bool(self.waiting))
+
+    def _left(self, n: int) -> None:
+        """``n`` requests finished in a decode step: the every-step filter drops them before
+        the next prefill attempt, clearing the flag (3962-3968)."""
+        if n:
+            self.batch_is_full = False
+
     def _get_new_batch_prefill(self) -> list[tuple[SimReq, int, int]] | None:
         """The chunk's stash (its checkpoint, after ``check_hicache_events``), then admission."""
         if self._stash:
@@ -170,9 +190,6 @@ class Scheduler0523(Scheduler):
     def _run_decode(self, chain: bool = True) -> Generator[simpy.Event, Any, None]:
         yield from super()._run_decode(chain)
         self._v0523()[1].flush_pending_backups()
-
-    def _gate(self) -> Gate | None:
-        return None
 
     def _evict_for_decode(self, num_tokens: int) -> None:
         """``check_decode_capacity`` / ``evict_from_tree_cache``: the shortfall only."""
@@ -216,9 +233,10 @@ class Scheduler0523(Scheduler):
         if total >= budget.rem_total():
             return 0  # NO_TOKEN
         extend = req.fill_len - cached
-        if not budget.chunking and batch and extend >= budget.rem_input:
+        paged = budget.ceil(extend)
+        if not budget.chunking and batch and paged >= budget.rem_input:
             return -1  # OTHER
-        if extend <= budget.rem_chunk:
+        if not budget.chunking or paged <= budget.rem_chunk:
             return extend
         ps = self.p.page_size
         size = (cached + budget.rem_chunk // ps * ps) // ps * ps - cached
@@ -226,22 +244,23 @@ class Scheduler0523(Scheduler):
 
     def _add_waiting(
         self, budget: PrefillBudget, batch: list[tuple[SimReq, int, int]], req: SimReq
-    ) -> bool:
-        """``PrefillAdder.add_one_req`` (0.5.23) for the first waiting request the loop
-        reaches; False stops the batch."""
+    ) -> int:
+        """``PrefillAdder.add_one_req`` (0.5.23) for ``req``, the waiting request the loop
+        reaches: NO_TOKEN, OTHER, SKIP (re-queried after a device-hit loss) or (admitted) the
+        budget's state."""
         life, cache = self._v0523()
         ps = self.p.page_size
         key = self._fill_key(req)
         m = life.match(key, req.fill_len)
         dev = len(m.device_pages) * ps
         if cache.storage is not None and self._device_hit_lost(req, dev + m.host_hit_length):
-            return True  # re-queried: it stays queued, the loop goes on
+            return SKIP  # re-queried: it stays queued, the loop goes on
         total = req.fill_len - dev + budget.new_tokens(req) + ps
         life.hold(m.last_device)  # _lock_node(req.last_node)
         try:
             size = self._select(budget, batch, req, total, dev + m.host_hit_length)
             if size <= 0:
-                return False  # NO_TOKEN or OTHER, nothing loaded
+                return NO_TOKEN if size == 0 else OTHER  # nothing loaded
             prefix, last = m.device_pages, m.last_device
             if m.host_hit_length > 0:  # needs_host_load_back
                 best = m.best
@@ -260,7 +279,7 @@ class Scheduler0523(Scheduler):
                 if not loaded:  # nothing loaded: choose again with the device prefix
                     size = self._select(budget, batch, req, total, dev)
                     if size <= 0:
-                        return False
+                        return NO_TOKEN if size == 0 else OTHER
             kv = life.lock(key, prefix, last, len(self._prompt(req)))
         finally:
             life.release(m.last_device)
@@ -268,11 +287,11 @@ class Scheduler0523(Scheduler):
         cached = len(prefix) * ps
         batch.append((req, size, cached))
         if size == req.fill_len - cached:
-            budget.take(size, size + budget.new_tokens(req) + ps)
-            return True
-        budget.take(size, size)  # truncated: later chunks bring the rest
-        self.chunked = req
-        return False
+            budget.take(size, budget.max_new(req))
+        else:  # truncated: later chunks bring the rest
+            budget.take(size, 0)
+            self.chunked = req
+        return budget.state()
 
     def _admitted(self, req: SimReq, kv: ReqKV23, dev: int, loaded: int, host_hit: int) -> None:
         """``req`` leaves the queue holding ``kv``; its first admission sets what the user sees

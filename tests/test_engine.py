@@ -168,10 +168,12 @@ def test_write_back_eviction_stalls_the_scheduler() -> None:
 
 
 def test_retraction_when_decode_runs_out_of_memory() -> None:
-    # four requests admitted together; their outputs cannot all fit the device pool
+    # four requests admitted together (the clip makes each reserve 40 + 1 + 1 tokens); their
+    # outputs cannot all fit the device pool
     reqs = [SR(i, 0.0, 40, 60, PageKey(tuple(range(100 * i, 100 * i + 40)))) for i in range(4)]
     e = engine(reqs, page_size=1, device_tokens=260, host_tokens=1024,
-               sched=SchedulerParams(page_size=1, init_new_token_ratio=0.01))  # fmt: skip
+               sched=SchedulerParams(page_size=1, init_new_token_ratio=0.01,
+                                     clip_max_new_tokens=1))  # fmt: skip
     e.run()
     assert sum(r.retractions for r in e.recorder.requests) > 0  # someone was retracted
     assert len(e.recorder.requests) == 4  # and everyone still finished

@@ -128,14 +128,6 @@ def test_complete_all_now_at_rate_one_when_the_other_direction_is_idle() -> None
     assert link.complete_all_now("d2h") == pytest.approx(0.5)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sim/link.py complete_all_now: the placeholder that keeps the direction busy until "
-    "the drain time runs at the coupled rate, so when the other direction goes idle early it "
-    "ends before the drain time it returned, and a later copy starts before the drained ones "
-    "ended (FIFO broken in the recorded times; docstring: 'the direction stays busy until the "
-    "drain time')",
-)
 def test_complete_all_now_keeps_the_direction_busy_until_the_drain_time() -> None:
     # eta 0.5. h2d job of 0.25 s; d2h jobs of 1.0 s in all, drained at 0 with h2d busy:
     # projected drain 1.0 / 0.5 = 2.0. The h2d job ends at 0.5 (coupled), after which the
@@ -225,22 +217,15 @@ def test_write_back_stall_drains_at_eta_while_a_load_runs() -> None:
     ]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sim/scheduler.py _run_prefill launches the batch's loads at env.now even when a "
-    "write_back eviction during admission (load_back) has just blocked the scheduler: "
-    "in SGLang the CPU is inside synchronize() until the writes drain, so "
-    "ready_to_load_host_cache (POLICY_CORE.md 6.1 step 3.6) launches the load only after the "
-    "stall; the simulated load overlaps the stall and the TTFT comes out too short",
-)
 def test_a_load_launched_after_an_admission_stall_starts_after_it() -> None:
     """As the eta scenario, but D = A's first 120 tokens + 10 new, eta 1 both ways.
 
-    At 3.0 D's host hit (120 tokens) does not fit the 100 free pages: load_back evicts B (100
-    pages, not backed up) under write_back: the scheduler blocks until the write drains,
-    3.0 + 0.1 = 3.1. Only then is the batch finalized and the load (120 pages, 0.12 s)
-    launched: 3.1-3.22. D's 10-token prefill (1 ms, 0.25 ms per layer) then ends one layer
-    after the load: 3.22025."""
+    At 3.0 D's host hit (120 tokens) does not fit the 100 free pages: load_back evicts the
+    load's length, 120 tokens (0.5.14 ``evict(len(host_indices))``), in LRU order: B (100
+    pages) and then C (50), neither backed up, under write_back: 150 pages written (one copy
+    per node), and the scheduler blocks until they drain, 3.0 + 0.15 = 3.15. Only then is the batch finalized and
+    the load (120 pages, 0.12 s) launched: 3.15-3.27. D's 10-token prefill (1 ms, 0.25 ms per
+    layer) then ends one layer after the load: 3.27025."""
     reqs = [
         req(0, 0.0, 150, 1, symbols=range(150)),
         req(1, 1.0, 100, 1),
@@ -252,6 +237,9 @@ def test_a_load_launched_after_an_admission_stall_starts_after_it() -> None:
     e.run()
     d = reqs[3]
     assert (d.device_hit, d.host_hit) == (0, 120)
+    writes = [(t.start_s, t.end_s, t.pages) for t in e.recorder.transfers if t.kind == "write"]
+    assert writes == [pytest.approx((2.0, 2.15, 150)), pytest.approx((3.0, 3.1, 100)),
+                      pytest.approx((3.1, 3.15, 50))]  # fmt: skip
     (load,) = [t for t in e.recorder.transfers if t.kind == "load"]
-    assert (load.start_s, load.end_s) == pytest.approx((3.1, 3.22))
-    assert d.first_token == pytest.approx(3.22025)
+    assert (load.start_s, load.end_s) == pytest.approx((3.15, 3.27))
+    assert d.first_token == pytest.approx(3.27025)

@@ -92,9 +92,12 @@ def test_spanned_segments_change_nothing(
         assert a[col].equals(b[col]), col  # exact, NaN equal to NaN
 
 
-def test_closed_loop_runs_one_segment_per_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A closed-loop turn arrives unannounced (think time after a finish): the scheduler cannot
-    cut a segment before it, so segments are never merged there."""
-    got = _run(DATA / "synthetic/multiturn.jsonl", ["gpu.device_tokens=8192"], True, monkeypatch)
+def test_closed_loop_on_a_fleet_runs_one_segment_per_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On several instances a closed-loop turn may arrive unannounced (its predecessor finished
+    on another instance, in the middle of this one's segment): segments are never merged."""
+    sets = ["gpu.device_tokens=8192", "cluster.instances=2", "router.policy=round_robin"]
+    got = _run(DATA / "synthetic/multiturn.jsonl", sets, True, monkeypatch)
     assert got["summary"]["requests"] > 0
     assert got["spanned"] == 0
