@@ -50,7 +50,6 @@ class Prefetching:
         retry pass)."""
         self.cache.check_hicache_events()
 
-
     def notify(self, storage: str = "") -> None:
         """A copy or storage call ended (runs with an L3 tier): SGLang's loop sees it at its
         next iteration. Idle: wake now. Inside a chain of decode steps: at the end of the step

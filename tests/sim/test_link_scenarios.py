@@ -223,9 +223,9 @@ def test_a_load_launched_after_an_admission_stall_starts_after_it() -> None:
     At 3.0 D's host hit (120 tokens) does not fit the 100 free pages: load_back evicts the
     load's length, 120 tokens (0.5.14 ``evict(len(host_indices))``), in LRU order: B (100
     pages) and then C (50), neither backed up, under write_back: 150 pages written (one copy
-    per node), and the scheduler blocks until they drain, 3.0 + 0.15 = 3.15. Only then is the batch finalized and
-    the load (120 pages, 0.12 s) launched: 3.15-3.27. D's 10-token prefill (1 ms, 0.25 ms per
-    layer) then ends one layer after the load: 3.27025."""
+    per node), and the scheduler blocks until they drain, 3.0 + 0.15 = 3.15. Only then is the
+    batch finalized and the load (120 pages, 0.12 s) launched: 3.15-3.27. D's 10-token
+    prefill (1 ms, 0.25 ms per layer) then ends one layer after the load: 3.27025."""
     reqs = [
         req(0, 0.0, 150, 1, symbols=range(150)),
         req(1, 1.0, 100, 1),
