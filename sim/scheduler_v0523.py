@@ -19,10 +19,10 @@ code this follows (file:line in both wheels). What changed, each in one method b
 * under ``lru`` with FCFS admission the first 128 waiting prefixes are touched, head last, on
   every 32nd scheduling pass (``_touch_waiting_prefixes``, schedule_policy.py:280-305).
 
-The base model's own departures from SGLang's loop (``batch_is_full``, the budget rounding, the
-retraction's ratio; SCHEDULER.md §7) are the same in both versions. No admission gate: the
-gate predicts 0.5.14's admission arithmetic, and 0.5.23 checks the budget under the lock and
-touches the queue, so every attempt runs.
+The running batch's ``batch_is_full``, the budget arithmetic, the loop guards and the retraction
+are SGLang's in both versions (SCHEDULER.md §7, items 1-6 and 8); what 0.5.23 changed there is
+here: the flag is cleared by the every-step filter right after a finish and on an empty batch,
+and the loop stops before matching once the prefill or chunk budget is spent.
 
 With an L3 tier (``hicache.policy.v0523.l3``): the arrival's query (``_prefetch_kvcache``), the
 retry pass after every ``check_hicache_events`` (:meth:`Scheduler0523._hicache_events`), the
