@@ -215,6 +215,7 @@ def main() -> int:
                     "an older checkout: --cli 'python -m sim.cli' --cwd ../old")  # fmt: skip
     ap.add_argument("--cwd", help="folder to run the command in")
     ap.add_argument("--allow-added", default="", help="comma-separated keys that may be new")
+    ap.add_argument("--show", type=int, default=200, help="differences printed (default 200)")
     ap.add_argument("--sglang-version", default=VERSION,
                     help=f"the release every command runs (default {VERSION}, the baseline's; "
                     "'' = the CLI's default)")  # fmt: skip
@@ -242,7 +243,7 @@ def main() -> int:
     if added:
         print(f"{len(added)} allowed additions ({', '.join(sorted(allowed))})")
         diffs = [d for d in diffs if d not in added]
-    for line in diffs[:200]:
+    for line in diffs[: args.show]:
         print(line)
     print(f"{len(diffs)} differences")
     return 1 if diffs else 0
