@@ -7,7 +7,8 @@ closed loop with think times, chunked prefill down to 512, FCFS or LPM, small de
 SGLang releases. :func:`run_case` runs it under one engine and keeps what must not depend on
 the engine: every request's row (arrival, admission, first token, finish, hits, prefill and
 stall times) and the summary's counters. :func:`compare` lists where two runs differ
-(times relative 1e-9, counts exactly).
+(counts exactly; times within 1e-9 relative, and durations, which are differences of two times,
+within 1e-9 of the run's time scale).
 
 ``tests/sim/test_reference_differential.py`` runs a slice in ``make test``;
 ``bench/differential.py`` runs hundreds of seeds.
@@ -124,12 +125,14 @@ def run_case(case: Case, engine: str, extra: tuple[str, ...] = ()) -> dict[str, 
     return got
 
 
-def _close(a: Any, b: Any) -> bool:
+def _close(a: Any, b: Any, scale: float = 0.0) -> bool:
+    """Equal, or (floats) within ``REL`` of the larger, or of ``scale``: a duration derived from
+    two times (a queue, a TTFT) carries their rounding, relative to the times, not to itself."""
     if isinstance(a, float) or isinstance(b, float):
         fa, fb = float(a), float(b)
         if math.isnan(fa) and math.isnan(fb):
             return True
-        return fa == fb or abs(fa - fb) <= REL * max(abs(fa), abs(fb))
+        return fa == fb or abs(fa - fb) <= REL * max(abs(fa), abs(fb), scale)
     return bool(a == b)
 
 
@@ -154,16 +157,20 @@ def compare(a: dict[str, Any], b: dict[str, Any], limit: int = 8) -> list[str]:
     ra, rb = a["requests"], b["requests"]
     if len(ra) != len(rb) or list(ra.columns) != list(rb.columns):
         return [f"requests tables differ in shape: {ra.shape} vs {rb.shape}"]
+    # the run's time scale: seconds-valued cells are compared within REL of it
+    scale = float(ra["finish_s"].abs().max()) if len(ra) else 0.0
     for col in ra.columns:
+        tol = scale if col.endswith("_s") else 0.0
         for rid, x, y in zip(ra["rid"], ra[col], rb[col], strict=True):
-            if not _close(x, y):
+            if not _close(x, y, tol):
                 diffs.append(f"request {rid} {col}: {x!r} vs {y!r}")
                 break
         if len(diffs) >= limit:
             return diffs
     la, lb = _leaves(a["summary"]), _leaves(b["summary"])
     for key in sorted(set(la) | set(lb)):
-        if key not in la or key not in lb or not _close(la[key], lb[key]):
+        tol = scale if key.endswith("_s") else 0.0
+        if key not in la or key not in lb or not _close(la[key], lb[key], tol):
             diffs.append(f"summary {key}: {la.get(key)!r} vs {lb.get(key)!r}")
             if len(diffs) >= limit:
                 break
