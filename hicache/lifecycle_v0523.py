@@ -69,6 +69,9 @@ class KVLifecycle0523:
         self.page_size = cache.page_size
         self.outputs = outputs
         self._uniq = 0
+        # checkpoints pass the request's locked node as the insert walk's hint (False: the
+        # plain walk from the root, which tests/policy/test_fast_paths_v0523.py compares)
+        self.hints = True
 
     # ---------------------------------------------------------------------------- keys --
     def prompt_key(self, req: PagedRequest) -> PageKey:
@@ -212,12 +215,15 @@ class KVLifecycle0523:
         cache, ps = self.cache, self.page_size
         key = _as_tuple(kv.key)
         n = len(key)
+        # the request's locked node spells the key's first protected pages: the walk follows
+        # its path without comparing keys (TreeCore.insert's hint)
         _, last = cache.insert(
             key,
             kv.kv,
             prev_prefix_len=kv.protected_pages * ps,
             inserted_len=kv.inserted_len,
             priority=0,
+            hint=kv.last_node if self.hints else None,
         )
         kv.inserted_len = max(kv.inserted_len, n * ps)
         if 0 < prompt_pages < n:
@@ -227,6 +233,7 @@ class KVLifecycle0523:
                 prev_prefix_len=prompt_pages * ps,
                 inserted_len=prompt_pages * ps,
                 priority=1,
+                hint=last if self.hints else None,
             )
         pages = cache.tree.path_device_pages(last, cache.root)
         assert len(pages) == n, "checkpoint: the inserted path does not cover the key"

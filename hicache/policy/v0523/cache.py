@@ -144,10 +144,12 @@ class UnifiedRadixCache:
         prev_prefix_len: int = 0,
         inserted_len: int = 0,
         priority: int = 0,
+        hint: UNode | None = None,
     ) -> tuple[int, UNode]:
-        """``insert(InsertParams)``: returns ``(prefix_len, last_device_node)``."""
+        """``insert(InsertParams)``: returns ``(prefix_len, last_device_node)``. ``hint``: a node
+        on ``key``'s path that the walk may follow without comparing keys (``TreeCore.insert``)."""
         self.stats.insert_calls += 1
-        return self.tree.insert(key, value, prev_prefix_len, inserted_len, priority)
+        return self.tree.insert(key, value, prev_prefix_len, inserted_len, priority, hint)
 
     def touch_prefix(self, key: tuple[Hashable, ...]) -> None:
         """``touch_prefix`` (the waiting-queue refresh): the match walk of the whole key --

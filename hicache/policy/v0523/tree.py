@@ -347,9 +347,17 @@ class TreeCore(TreeRemoval):
         prev_prefix_len: int,
         inserted_len: int,
         priority: int,
+        hint: UNode | None = None,
     ) -> tuple[int, UNode]:
         """The resumable insert walk (WALK -> OVERLAP -> COMMIT -> TAIL), run to completion;
-        returns ``(prefix_len, last_device_node)``. Barrier actions go to the sink in order."""
+        returns ``(prefix_len, last_device_node)``. Barrier actions go to the sink in order.
+
+        ``hint``: a node known to lie on ``key``'s path (the request's locked node: its path
+        spells the key's first pages). Down to ``min(prev_prefix_len, inserted_len)`` tokens
+        the walk changes nothing on such a node but its recency stamp and priority (no split,
+        no duplicate freed, no hit counted), so it follows the hint's path without comparing
+        keys; below, the walk as without a hint. ``tests/policy/test_fast_paths_v0523.py``
+        holds the two equal."""
         ps = self.page_size
         self.root.last_access_time = self.tick()
         self.root.priority = max(self.root.priority, priority)
@@ -358,6 +366,22 @@ class TreeCore(TreeRemoval):
         node = self.root
         off = 0
         total = 0
+        if hint is not None and hint is not self.root:
+            limit = min(prev_prefix_len, inserted_len)
+            path = []
+            n: UNode | None = hint
+            while n is not None and n is not self.root:
+                path.append(n)
+                n = n.parent
+            for child in reversed(path):
+                end = total + len(child.key) * ps
+                if end > limit:
+                    break
+                child.last_access_time = self.tick()
+                child.priority = max(child.priority, priority)
+                node = child
+                total = end
+                off += len(child.key)
         while off < len(key):
             ck = child_key(key, off, None)
             child = node.children.get(ck)
