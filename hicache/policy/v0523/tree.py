@@ -368,20 +368,20 @@ class TreeCore(TreeRemoval):
         total = 0
         if hint is not None and hint is not self.root:
             limit = min(prev_prefix_len, inserted_len)
-            path = []
-            n: UNode | None = hint
-            while n is not None and n is not self.root:
-                path.append(n)
-                n = n.parent
-            for child in reversed(path):
-                end = total + len(child.key) * ps
+            path: list[UNode] = []
+            up: UNode | None = hint
+            while up is not None and up is not self.root:
+                path.append(up)
+                up = up.parent
+            for on_path in reversed(path):
+                end = total + len(on_path.key) * ps
                 if end > limit:
                     break
-                child.last_access_time = self.tick()
-                child.priority = max(child.priority, priority)
-                node = child
+                on_path.last_access_time = self.tick()
+                on_path.priority = max(on_path.priority, priority)
+                node = on_path
                 total = end
-                off += len(child.key)
+                off += len(on_path.key)
         while off < len(key):
             ck = child_key(key, off, None)
             child = node.children.get(ck)
