@@ -2,17 +2,18 @@
 plainly as it can be, one SimPy event per forward.
 
 :class:`sim.scheduler.Scheduler` (the fast scheduler) runs whole decode segments, chains of
-them, admission gates and multi-segment spans under one timeout, so that an hour of traffic
-simulates in seconds. None of that is here. Each iteration of :meth:`ReferenceScheduler.run` is
-one pass of SGLang's ``event_loop_normal`` (0.5.14 ``scheduler.py`` ``event_loop_normal`` /
-``get_next_batch_to_run``; 0.5.23 the same loop, ``scheduler.py``):
+them and multi-segment spans under one timeout, so that an hour of traffic simulates in
+seconds. None of that is here. The loop itself is :meth:`Scheduler.run`, which
+is already one pass of SGLang's ``event_loop_normal`` per iteration (0.5.14 ``scheduler.py``
+``event_loop_normal`` / ``get_next_batch_to_run``; 0.5.23 the same loop, ``scheduler.py``):
 
 1. ``recv_requests`` / ``process_input_requests``: arrivals join the waiting queue when they
    happen (:meth:`Scheduler.arrive`), so every arrival, open or closed loop, routed or not, is
    in the queue at the next iteration;
 2. ``_process_hicache_events`` (the cache's acks and drains; 0.5.23 adds the L3 retry pass);
-3. ``get_next_batch_to_run``: ``get_new_batch_prefill`` (admission, every iteration), else
-   ``update_running_batch`` (``check_decode_mem``, retraction) for **one** decode step;
+3. ``get_next_batch_to_run``: ``get_new_batch_prefill`` (admission, every iteration unless the
+   running batch is full), else ``update_running_batch`` (the finished requests filtered,
+   ``check_decode_mem``, retraction) for **one** decode step (:func:`_decode_step`, here);
 4. ``run_batch``: one timeout for the forward;
 5. ``process_batch_result``: counters, finishes, the checkpoint (and, in 0.5.23, the merged
    device->host writes, ``flush_pending_backups``).
@@ -22,9 +23,9 @@ loop polls; nothing it could see changes in between).
 
 The steps themselves (admission, the prefill forward and its result, the memory check, the
 finish) are the fast scheduler's own methods, called one per iteration: what the reference
-replaces is the loop and the decode step, which is where every shortcut lives. The
-differential test (``tests/sim/test_reference_differential.py``, ``bench/differential.py``)
-asserts that both give the same per-request times and tier counters.
+replaces is the decode call, which is where every shortcut lives (segments, their chains and
+spans under one timeout). The differential test (``tests/sim/test_reference_differential.py``,
+``bench/differential.py``) asserts that both give the same per-request times and tier counters.
 """
 
 from __future__ import annotations
@@ -36,30 +37,6 @@ import simpy
 
 from sim.scheduler import Scheduler
 from sim.scheduler_v0523 import Scheduler0523
-
-
-def _loop(s: Scheduler) -> Generator[simpy.Event, Any, None]:
-    """``event_loop_normal``, one iteration per forward (see the module docstring)."""
-    env = s.env
-    while True:
-        s._hicache_events()  # _process_hicache_events
-        batch = s._get_new_batch_prefill()  # get_new_batch_prefill, every iteration
-        if batch is not None:
-            yield from s._run_prefill(batch)  # run_batch + process_batch_result_prefill
-        elif s.running:
-            yield from s._run_decode()  # update_running_batch + one decode forward
-        elif s._unfiltered:  # update_running_batch on a batch whose requests all finished
-            s._filter_finished()
-        else:  # nothing to run: wait for something the loop would see
-            s._on_idle()
-            s.sample()
-            s._wake = env.event()
-            s._wake_at_prefetch_deadline()
-            s._idle = True
-            yield s._wake
-            s._idle = False
-            s._drain_due = False
-        s.sample()
 
 
 def _decode_step(s: Scheduler) -> Generator[simpy.Event, Any, None]:
@@ -96,18 +73,12 @@ def _decode_step(s: Scheduler) -> Generator[simpy.Event, Any, None]:
 class ReferenceScheduler(Scheduler):
     """The reference loop against SGLang 0.5.14's cache."""
 
-    def run(self) -> Generator[simpy.Event, Any, None]:
-        yield from _loop(self)
-
     def _run_decode(self, chain: bool = True) -> Generator[simpy.Event, Any, None]:
         yield from _decode_step(self)
 
 
 class ReferenceScheduler0523(Scheduler0523):
     """The reference loop against SGLang 0.5.23's cache: the same loop, 0.5.23's steps."""
-
-    def run(self) -> Generator[simpy.Event, Any, None]:
-        yield from _loop(self)
 
     def _run_decode(self, chain: bool = True) -> Generator[simpy.Event, Any, None]:
         yield from _decode_step(self)

@@ -216,6 +216,8 @@ class Scheduler(Prefetching):
             self._wake.succeed()
 
     def run(self) -> Generator[simpy.Event, Any, None]:
+        """``event_loop_normal``: one iteration per forward (the decode call may run several
+        steps; ``sim/reference.py`` runs one)."""
         env = self.env
         while True:
             self._hicache_events()
