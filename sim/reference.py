@@ -57,17 +57,7 @@ def _decode_step(s: Scheduler) -> Generator[simpy.Event, Any, None]:
     if not retracted:  # new_token_ratio decays once per decode step that did not retract
         s._decay(1)
     s._span("decode", start, end, bs)
-    s.kv_total += bs
-    left = 0
-    for r in list(run):
-        r.decoded += 1
-        r.kv_tokens += 1
-        if r.decoded >= r.output_length:
-            run.remove(r)
-            s.kv_total -= r.kv_tokens
-            s._finish(r)
-            left += 1
-    s._left(left)
+    s._end_decode(1, bs)  # process_batch_result_decode
 
 
 class ReferenceScheduler(Scheduler):
