@@ -97,7 +97,10 @@ def test_interrupted_sweep_resumes(quick_sweep: tuple[Path, pd.DataFrame], tmp_p
     finished job committed and nothing half-written; the rerun runs only the rest."""
     _, reference = quick_sweep
     out = tmp_path / "sweep"
-    cmd = [sys.executable, "-m", "cli.sweep", str(QUICK), "--out", str(out), "--jobs", "2"]
+    # one job at a time, in the sweep's own process: each commit is followed by a whole job's
+    # run, so this process sees the third land long before the last (with two workers a
+    # loaded CI machine once let all 24 finish between two looks)
+    cmd = [sys.executable, "-m", "cli.sweep", str(QUICK), "--out", str(out), "--jobs", "1"]
     proc = subprocess.Popen(cmd, cwd=REPO, start_new_session=True, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)  # fmt: skip
     runs = out / "runs"
