@@ -58,13 +58,9 @@ NATIVE_TESTS := tests/policy tests/sim tests/test_hitrate.py tests/test_hitrate_
 # compiled build; each on every core (pytest-xdist; a test file stays on one worker, so its
 # module fixtures are built once). XDIST= runs them in one process.
 XDIST ?= -n auto --dist loadfile
-# run on their own, after the rest: the sweep tests start process pools of their own and
-# interrupt one mid-run, which a busy machine (both cores on other tests) can make miss
-ALONE := tests/test_sweep.py
 pytest: $(VENV)/.dev
 	$(BIN)/python -m hicache.policy.native build --if-needed
-	HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest $(XDIST) $(addprefix --ignore=,$(ALONE))
-	HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest $(ALONE)
+	HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest $(XDIST)
 	HICACHE_NATIVE=require HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest $(XDIST) $(NATIVE_TESTS)
 
 test: lint typecheck pytest

@@ -97,12 +97,15 @@ def test_interrupted_sweep_resumes(quick_sweep: tuple[Path, pd.DataFrame], tmp_p
     finished job committed and nothing half-written; the rerun runs only the rest."""
     _, reference = quick_sweep
     out = tmp_path / "sweep"
-    # one job at a time, in the sweep's own process: each commit is followed by a whole job's
-    # run, so this process sees the third land long before the last (with two workers a
-    # loaded CI machine once let all 24 finish between two looks)
-    cmd = [sys.executable, "-m", "cli.sweep", str(QUICK), "--out", str(out), "--jobs", "1"]
+    cmd = [sys.executable, "-m", "cli.sweep", str(QUICK), "--out", str(out), "--jobs", "2"]
+
+    # SIGINT as a terminal's foreground job has it: a suite started in the background
+    # (`cmd &` in a script) passes it on ignored, and the sweep would then run to its end
+    def foreground() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
     proc = subprocess.Popen(cmd, cwd=REPO, start_new_session=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+                            stderr=subprocess.PIPE, text=True, preexec_fn=foreground)  # fmt: skip
     runs = out / "runs"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and proc.poll() is None:
