@@ -228,20 +228,6 @@ class HiRadixCache(Shortcuts, StorageTier):
         """The logical clock's current value (the tick of the latest touch)."""
         return self._clock
 
-    def nodes_made(self) -> int:
-        """Nodes created so far (a split creates one)."""
-        return self._next_node_id
-
-    def repeat_match(self, times: int, ticks: int) -> None:
-        """Account for ``times`` more ``match_prefix`` calls identical to the latest one (same
-        key, same walk, no split, ``ticks`` touches each), made right after it with nothing
-        else touched in between. The clock moves on as they would have moved it, so every
-        later touch gets the tick it would have got. The walked nodes keep the latest real
-        match's ticks: those are still the newest, in the same order, so no decision that
-        reads access times (eviction order, LFU ties) can differ."""
-        self._clock += times * ticks
-        self.stats.match_calls += times
-
     def evictable_size(self) -> int:
         """Tokens on device in nodes nobody locks (SGLang ``evictable_size_``)."""
         return self._evictable_pages * self.page_size

@@ -178,18 +178,6 @@ class UnifiedRadixCache:
         """The tree's logical clock (``get_and_increase_time_counter``'s next value)."""
         return self.tree._time
 
-    def nodes_made(self) -> int:
-        """Nodes created so far (a split creates one)."""
-        return self.tree._next_id
-
-    def repeat_match(self, times: int, ticks: float) -> None:
-        """``times`` more ``match_prefix`` calls identical to the latest one, made right after
-        it with nothing touched in between (``ticks`` clock steps each): the clock moves on as
-        they would have moved it; the walked path keeps the latest real match's stamps, which
-        are still the newest and in the same order, so no eviction decision can differ."""
-        self.tree._time += times * ticks
-        self.stats.match_calls += times
-
     def peek_prefix(self, key: Sequence[Hashable], limit: int | None = None) -> tuple[int, int]:
         """``(device tokens, host-only tokens)`` of ``key``'s cached prefix (``limit`` tokens at
         most), read-only: not in SGLang; what the tier-aware router asks. Walks as
