@@ -236,6 +236,7 @@ MODEL_IDS: dict[str, str] = {
     "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B",
     "qwen2.5-7b": "Qwen/Qwen2.5-7B-Instruct",
     "qwen2.5-72b": "Qwen/Qwen2.5-72B-Instruct",
+    "qwen3-0.6b": "Qwen/Qwen3-0.6B",
 }
 
 # (pattern on the normalised last path component, preset); first match wins. Llama 3.1/3.3
@@ -246,6 +247,7 @@ _MODEL_PATTERNS = (
     (r"^qwen3-235b-a22b", "qwen3-235b-a22b"),
     (r"^qwen3-32b", "qwen3-32b"),
     (r"^qwen3-8b", "qwen3-8b"),
+    (r"^qwen3-0\.6b", "qwen3-0.6b"),
     (r"^deepseek-(v3|r1)", "deepseek-v3"),
     (r"^llama-?2-7b", "llama-2-7b"),
     (r"^llama-?2-70b", "llama-2-70b"),

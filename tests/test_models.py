@@ -41,6 +41,7 @@ CARDS: dict[str, tuple[float, float | None]] = {
     "codellama-34b": (33.7e9, None),  # "34B"; the checkpoint holds 33.74B
     "qwen2.5-7b": (7.61e9, None),
     "qwen2.5-72b": (72.7e9, None),
+    "qwen3-0.6b": (0.6e9, None),  # card: 0.6B (0.44B without the tied embedding)
 }
 
 # The hand-typed presets this module replaced: every field but the parameter counts
