@@ -6,7 +6,8 @@
 Sections: the leave-one-model-out error of the linear ops on the measured H100 tables, the
 HARDWARE.md C6 measured throughputs, the FA3 attention points (C7), the NCCL all-reduce table
 on held-out sizes, KV bytes per token against the C4 table, the shared host link under TP8
-(C8), and the copy cost by IO backend and layout (C5). Each row: source, setting, reference,
+(C8), the copy cost by IO backend and layout (C5), and the end-to-end scenarios of
+``bench/fidelity/*.toml`` (``bench/fidelity_e2e.py``). Each row: source, setting, reference,
 prediction, error. Standard library plus the project; ~10 s on 2 cores.
 """
 
@@ -35,6 +36,11 @@ from hicache.hardware import get_model, kv_bytes_per_token
 from hicache.latency import layer_pipeline_end, load_profile
 from sim.costs import build_costs
 from traces.fsutil import write_text_atomic
+
+try:  # run as ``python bench/fidelity.py`` (bench/ on the path) or imported as bench.fidelity
+    import fidelity_e2e
+except ImportError:  # pragma: no cover - the package import of the tests
+    from bench import fidelity_e2e
 
 OUT = Path(__file__).resolve().parent.parent / "FIDELITY.md"
 #: hand-written sections (results of runs this script cannot make: the real SGLang classes in
@@ -215,6 +221,9 @@ def unchecked_section() -> str:
         "- MLA projections (DeepSeek-V2/V3) and FP8 (W8A8) GEMMs at twice the bf16 rate;\n"
         "- a whole decode step (no measured step time in the shared data), and the prefill "
         "attention's KV-read floor on long prefixes;\n"
+        "- end to end: E1 (Qwen3-8B on an A100-40GB: no preset for that GPU), E3 (PD "
+        "disaggregation: not modelled) and E2's L3-hit rows (a `/flush_cache` between two "
+        "passes of 32 prompts needs a trace kind the runner does not have yet);\n"
         "- the host overheads (`prefill_forward_s`, `decode_forward_s`, `request_s`, "
         "`sampling_s`, `hicache_check_s`): estimates with their reasoning in the profile's "
         "notes;\n"
@@ -368,6 +377,7 @@ def build() -> str:
         shared_link_run_section(),
         copy_section(),
         kept_section("v0523_cache_only.md"),
+        fidelity_e2e.section(),
         unchecked_section(),
     ]
     head = (

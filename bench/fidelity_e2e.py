@@ -176,7 +176,8 @@ def run_variant(sc: dict[str, Any], name: str) -> dict[str, Any]:
     """The summary of one variant, plus the probe's first and last TTFT."""
     sets = [*sc.get("base", {}).get("set", []), *sc["variants"][name].get("set", [])]
     cfg = load_config(None, sets)
-    trace = build_trace(sc["variants"][name].get("trace", sc["trace"]), cfg)
+    spec = sc["variants"][name].get("trace", sc["trace"])
+    trace = build_trace(spec, cfg)
     frames: dict[str, Any] = {}
     s = run_simulation(cfg, trace, None, progress=False, frames_out=frames)
     req = frames["requests"]
@@ -185,7 +186,33 @@ def run_variant(sc: dict[str, Any], name: str) -> dict[str, Any]:
     s["last_host_hit_tokens"] = int(req["host_hit_tokens"].iloc[-1])
     s["last_storage_hit_tokens"] = int(req["storage_hit_tokens"].iloc[-1])
     s["throughput_input_tok_s"] = s["prompt_tokens"] / s["sim_duration_s"]
+    if spec["kind"] == "probe":
+        check_probe(spec, cfg, s, f"{sc['id']}/{name}")
     return s
+
+
+def check_probe(spec: dict[str, Any], cfg: Any, s: dict[str, Any], label: str) -> None:
+    """The repeat must hit the tier the fillers left the prompt in (``expect``: ``host``,
+    ``storage`` or ``none``; by default ``host`` after ``evict = "device"``, ``storage`` after
+    ``"host"`` when L3 is on, ``none`` otherwise): a row that compares the wrong hit is an error,
+    not a figure."""
+    evict = spec.get("evict", "device")
+    default = (
+        "host" if evict == "device" else "storage" if cfg.storage.backend != "none" else "none"
+    )
+    expect = spec.get("expect", default)
+    host, storage = s["last_host_hit_tokens"], s["last_storage_hit_tokens"]
+    length = int(spec["length"])
+    ok = {
+        "host": host >= length // 2 and storage == 0,
+        "storage": storage >= length // 2,
+        "none": host == 0 and storage == 0,
+    }[expect]
+    if not ok:
+        raise RuntimeError(
+            f"{label}: the repeated prompt should hit {expect}, got host {host} and storage "
+            f"{storage} tokens of {length}: the fillers did not leave it where the row assumes"
+        )
 
 
 def scenario_rows(sc: dict[str, Any]) -> list[Row]:
@@ -264,9 +291,13 @@ def section(only: Sequence[str] = ()) -> str:
             )
     lines.append("")
     for sc in scs:
-        lines.append(f"**{sc['id']}. {sc['title']}** (`{sc['source']}`; `bench/fidelity/{sc['file']}`)")
+        lines.append(
+            f"**{sc['id']}. {sc['title']}** (`{sc['source']}`; `bench/fidelity/{sc['file']}`)"
+        )
         for a in sc.get("assumed", []):
             lines.append(f"- assumed: {a}")
+        for m in sc.get("notes", []):
+            lines.append(f"- {m}")
         for m in sc.get("misses", []):
             lines.append(f"- miss: {m}")
         lines.append("")
