@@ -26,6 +26,14 @@ Trace kinds (``[trace] kind``):
   on random prompts. ``repeat = true`` sends every prompt of a session a second time after the
   session's last (``flush`` between the passes as for ``probe``: fillers are not used, so give
   the run a device pool smaller than the working set).
+- ``passes``: a warm pass and a measured pass of the same ``clients`` x ``requests`` unique
+  prompts (``input``/``output`` tokens, closed loop, no think time), with fillers between them
+  that push the prompts out of device and host (what ``/flush_cache`` leaves: a hit can only
+  come from L3) or, with ``flush = "device"``, out of the device only (host hits). The measured
+  pass starts one second after the warm pass and the fillers end (a first run finds that time).
+  Metrics ``pass2_ttft_mean_s``, ``pass2_duration_s`` (first arrival to last finish),
+  ``pass2_input_tok_s`` and ``pass1_input_tok_s``; the run checks that pass 2 hit the tier the
+  flush left (``expect`` as for ``probe``).
 - ``multiturn``: ``traces.generate.multiturn`` with the table's keyword arguments.
 
 Metrics (``metric``): the summary's keys (``ttft_mean_s``, ``ttft_p50_s``, ...,
@@ -45,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from hicache.config import load_config, resolve_pools
+from hicache.hardware import get_model, kv_bytes_per_token
 from sim.engine import run_simulation
 from traces.generate import multiturn
 from traces.schema import Request, Trace, TraceHeader
@@ -153,6 +162,54 @@ def closed_trace(spec: dict[str, Any], page: int) -> Trace:
     return Trace(reqs, TraceHeader(block_size=page))
 
 
+def _fillers(
+    device: int, host: int, page: int, flush: str, start: int, size: int
+) -> list[list[int]]:
+    """Prompts of at most ``size`` tokens that push everything before them out of the device
+    pool (``flush="device"``: one filler as large as the pool, so that the host keeps the
+    prompts) or out of device and host (``"host"``: every filler is backed up, the host
+    overflows; short fillers keep that flush's prefill linear in the pools' size)."""
+    if flush == "device":  # one filler that leaves two pages: the host keeps what it had
+        size = device
+    per = min(device - 2 * page, size) // page * page
+    if per < page:
+        raise ValueError(f"device pool {device} tokens too small for fillers")
+    n = 1 if flush == "device" else math.ceil((host + device) / per) + 1
+    return [_blocks(start + k * (per + page), per, page) for k in range(n)]
+
+
+def passes_trace(spec: dict[str, Any], device: int, host: int, page: int, t2: float) -> Trace:
+    """See the module docstring; ``t2`` is the measured pass's start (0: warm pass only)."""
+    clients, n = int(spec["clients"]), int(spec["requests"])
+    inp, out = int(spec["input"]), int(spec["output"])
+    prompts = [[_blocks((c * n + k) << 20, inp, page) for k in range(n)] for c in range(clients)]
+    reqs = []
+
+    def session(sid: str, t0: float, items: list[tuple[int, list[int]]]) -> None:
+        for k, (length, ids) in enumerate(items):
+            reqs.append(
+                Request(
+                    timestamp=t0 * 1000.0,  # the trace's clock is in ms
+                    input_length=length,
+                    output_length=out,
+                    hash_ids=ids,
+                    session_id=sid,
+                    turn=k,
+                    think_time_ms=0.0 if k else None,
+                )
+            )
+
+    fill = _fillers(device, host, page, spec.get("flush", "host"), 1 << 40, max(inp, 8192))
+    for c in range(clients):
+        items = [(inp, ids) for ids in prompts[c]]
+        if c == 0:  # the fillers follow the warm pass of the first client, one at a time
+            items += [(len(ids) * page, ids) for ids in fill]
+        session(f"w{c}", 0.0, items)
+        if t2 > 0:
+            session(f"m{c}", t2, [(inp, ids) for ids in prompts[c]])
+    return Trace(reqs, TraceHeader(block_size=page))
+
+
 def build_trace(spec: dict[str, Any], cfg: Any) -> Trace:
     device, host, _ = resolve_pools(cfg)
     page = cfg.cache.page_size
@@ -172,11 +229,75 @@ def build_trace(spec: dict[str, Any], cfg: Any) -> Trace:
 # ---------------------------------------------------------------------------------------------
 
 
+def run_passes(spec: dict[str, Any], cfg: Any, label: str) -> dict[str, Any]:
+    """Both passes of a ``passes`` trace: the warm run fixes the measured pass's start."""
+    device, host, _ = resolve_pools(cfg)
+    page = cfg.cache.page_size
+    warm = run_simulation(cfg, passes_trace(spec, device, host, page, 0.0), None, progress=False)
+    t2 = float(warm["sim_duration_s"]) + 1.0
+    frames: dict[str, Any] = {}
+    s = run_simulation(
+        cfg, passes_trace(spec, device, host, page, t2), None, progress=False, frames_out=frames
+    )
+    req = frames["requests"]
+    p1 = req[(req["arrival_s"] < t2) & (req["prompt_tokens"] == int(spec["input"]))]
+    p2 = req[req["arrival_s"] >= t2]
+    s["pass2_ttft_mean_s"] = float(p2["ttft_s"].mean())
+    s["pass2_duration_s"] = float(p2["finish_s"].max() - t2)
+    s["pass2_input_tok_s"] = float(p2["prompt_tokens"].sum()) / s["pass2_duration_s"]
+    s["pass1_input_tok_s"] = float(p1["prompt_tokens"].sum()) / float(p1["finish_s"].max())
+    flush = spec.get("flush", "host")
+    default = (
+        "host" if flush == "device" else "storage" if cfg.storage.backend != "none" else "none"
+    )
+    expect = spec.get("expect", default)
+    prompt = float(p2["prompt_tokens"].sum())
+    share = {
+        "host": p2["host_hit_tokens"].sum() / prompt,
+        "storage": p2["storage_hit_tokens"].sum() / prompt,
+        "none": 1
+        - (p2["host_hit_tokens"] + p2["storage_hit_tokens"] + p2["device_hit_tokens"]).sum()
+        / prompt,
+    }[expect]
+    if not share >= 0.5:  # NaN (an empty pass) fails too
+        raise RuntimeError(
+            f"{label}: the measured pass should hit {expect}, but only {share:.0%} of its prompt "
+            "tokens did: the flush did not leave the prompts where the row assumes"
+        )
+    s["pass2_hit_share"] = float(share)
+    return s
+
+
+def l3_read_override(sets: list[str], spec: dict[str, Any], ratio: float) -> str:
+    """``storage.read_gbps_override`` that reads L3 at ``ratio`` times this configuration's own
+    prefill rate: the simulated recompute of one ``input``-token prompt on an idle server
+    (no L3), in tokens/s, as bytes on the store's link (every TP rank reads its page; an MLA
+    page is replicated, so each rank reads all of it). For a stand-in model or GPU the source's
+    measured L3-to-prefill speed ratio is what carries over, not its GB/s."""
+    base = load_config(None, [*sets, "storage.backend=none"])
+    tokens = int(spec["input"])
+    one = Trace(
+        [Request(timestamp=0.0, input_length=tokens, output_length=1, hash_ids=[0])],
+        TraceHeader(block_size=base.cache.page_size),
+    )
+    frames: dict[str, Any] = {}
+    run_simulation(base, one, None, progress=False, frames_out=frames)
+    rate = tokens / float(frames["requests"]["ttft_s"].iloc[0])
+    model = get_model(base.model.name)
+    per_rank = kv_bytes_per_token(model) / (1 if model.mla else base.model.tp)
+    return f"storage.read_gbps_override={ratio * rate * per_rank * base.model.tp / 1e9:.6g}"
+
+
 def run_variant(sc: dict[str, Any], name: str) -> dict[str, Any]:
     """The summary of one variant, plus the probe's first and last TTFT."""
     sets = [*sc.get("base", {}).get("set", []), *sc["variants"][name].get("set", [])]
-    cfg = load_config(None, sets)
     spec = sc["variants"][name].get("trace", sc["trace"])
+    if "l3_read_vs_prefill" in sc["variants"][name]:
+        ratio = float(sc["variants"][name]["l3_read_vs_prefill"])
+        sets.append(l3_read_override(sets, spec, ratio))
+    cfg = load_config(None, sets)
+    if spec["kind"] == "passes":
+        return run_passes(spec, cfg, f"{sc['id']}/{name}")
     trace = build_trace(spec, cfg)
     frames: dict[str, Any] = {}
     s = run_simulation(cfg, trace, None, progress=False, frames_out=frames)
