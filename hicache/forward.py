@@ -29,8 +29,9 @@ Per layer and rank, for ``T`` tokens in the pass:
 Outside the layers: the embedding gather and the LM head for one position per request
 (SGLang computes logits only for the last token of an extend). Overheads: ``prefill_forward_s``
 or ``decode_forward_s`` per pass, ``request_s`` per request of a prefill batch, ``sampling_s``
-per pass, and under TP with a host tier two ``hicache_check_s`` per pass. ``gemm_scale``
-scales the GEMM and memory-bound ops.
+per pass, and under TP with a host tier SGLang's HiCache completion checks, ``hicache_check_s``
+each, as many per prefill pass and per decode step as the version runs (:func:`hicache_checks`).
+``gemm_scale`` scales the GEMM and memory-bound ops.
 
 Standard library only (the fitted models are plain floats).
 """
@@ -225,8 +226,10 @@ class ForwardModel:
     custom_all_reduce: CustomAllReduce = field(
         default_factory=lambda: CustomAllReduce(SGLANG_CUSTOM_AR_H100)
     )
-    #: host-side seconds added to every pass (build_costs: the HiCache completion checks)
-    per_pass_s: float = 0.0
+    #: host-side seconds added to every prefill pass and every decode step (the HiCache
+    #: completion checks, :func:`hicache_checks`)
+    prefill_checks_s: float = 0.0
+    decode_checks_s: float = 0.0
     _linear_memo: dict[int, float] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -327,7 +330,7 @@ class ForwardModel:
         # the eager launches overlap the GPU work: only what the GPU does not cover shows
         gpu = linear + attention + allreduce + head
         launch = max(0.0, p.prefill_forward_s - gpu)
-        overhead = launch + p.request_s * len(live) + p.sampling_s + self.per_pass_s
+        overhead = launch + p.request_s * len(live) + p.sampling_s + self.prefill_checks_s
         return Breakdown(layers, linear, attention, allreduce, head, overhead)
 
     def decode(self, batch: int, kv_tokens: int) -> Breakdown:
@@ -346,7 +349,7 @@ class ForwardModel:
             attention,
             self.allreduce_s(batch, batch),
             self.lm_head_s(batch, batch),
-            p.decode_forward_s + p.sampling_s + self.per_pass_s,
+            p.decode_forward_s + p.sampling_s + self.decode_checks_s,
         )
 
     def prefill_time(self, reqs: Sequence[tuple[int, int]]) -> float:
@@ -370,18 +373,58 @@ def compute_models_for(gpu: GpuSpec) -> tuple[GemmModel, AttentionModel, AllRedu
     return gemm, attention, comp.all_reduce
 
 
+#: SGLang's HiCache completion checks per scheduler iteration under TP: each a blocking CPU
+#: all-reduce over the TP group (none at tp 1, where ``_all_reduce_attn_groups`` skips it).
+#: version -> (per prefill pass, per decode step, added to each with an L3 store).
+#:
+#: * 0.5.14: ``check_hicache_events`` (scheduler.py:2731-2732, every iteration) runs
+#:   ``writing_check`` and ``loading_check``, one all-reduce each (hiradix_cache.py:907-960,
+#:   1281-1285), and with L3 ``drain_storage_control_queues`` one more (1292-1306); a decode
+#:   iteration adds ``flush_write_through_acks``' ``writing_check`` (scheduler.py:3005-3007).
+#:   sglang PR #30511 counts the four of a decode step with storage.
+#: * 0.5.23: one merged all-reduce of the write/load ack counts and the storage queue sizes
+#:   (``_sync_hicache_ready_counts``, unified_radix_cache.py:3412-3460, from
+#:   ``check_hicache_events`` 3651-3682); the decode path checks nothing (scheduler.py
+#:   4459-4552).
+#:
+#: Not counted (per request, not per pass): the termination vote of each prefetching request the
+#: admission loop reaches (0.5.14 ``can_terminate_prefetch`` under wait_complete/timeout,
+#: hiradix_cache.py:1324-1363; 0.5.23 ``_can_terminate_prefetch`` under timeout,
+#: unified_radix_cache.py:2295-2313).
+HICACHE_CHECKS: dict[str, tuple[int, int, int]] = {"0.5.14": (2, 3, 1), "0.5.23": (1, 1, 0)}
+
+
+def hicache_checks(version: str, tp: int, host_tier: bool, storage: bool) -> tuple[int, int]:
+    """The HiCache completion checks (``hicache_check_s`` each) of one prefill pass and of one
+    decode step under SGLang ``version`` (:data:`HICACHE_CHECKS`); ``(0, 0)`` at tp 1 or
+    without a host tier."""
+    if version not in HICACHE_CHECKS:
+        raise ValueError(f"no HiCache check count for SGLang {version}: {sorted(HICACHE_CHECKS)}")
+    if tp <= 1 or not host_tier:
+        return 0, 0
+    prefill, decode, l3 = HICACHE_CHECKS[version]
+    extra = l3 if storage else 0
+    return prefill + extra, decode + extra
+
+
 def forward_model(
-    model: ModelSpec, gpu: GpuSpec | str, tp: int, profile: Profile, host_tier: bool = False
+    model: ModelSpec,
+    gpu: GpuSpec | str,
+    tp: int,
+    profile: Profile,
+    checks: tuple[int, int] = (0, 0),
 ) -> ForwardModel:
     """The forward model of ``model`` on ``gpu`` at ``tp``, with ``profile``'s overheads and
-    ``gemm_scale`` (:func:`compute_models_for` says where the operator times come from). With
-    a ``host_tier`` and ``tp > 1`` every pass also pays SGLang's two HiCache completion checks
-    (``2 * hicache_check_s``: a CPU all-reduce over the ranks each).
+    ``gemm_scale`` (:func:`compute_models_for` says where the operator times come from).
+    ``checks``: the HiCache completion checks per prefill pass and per decode step
+    (:func:`hicache_checks`), ``hicache_check_s`` each.
 
     Quantized weights (``weight_dtype_bytes`` < 2) are read at their width; 8-bit ones run
     at the GPU's FP8 rate where it has FP8 tensor cores (:class:`ForwardModel`).
     """
     g = get_gpu(gpu) if isinstance(gpu, str) else gpu
     gemm, attention, all_reduce = compute_models_for(g)
-    checks = 2 * profile.hicache_check_s if host_tier and tp > 1 else 0.0
-    return ForwardModel(model, tp, g, gemm, attention, all_reduce, profile, per_pass_s=checks)
+    each = profile.hicache_check_s
+    return ForwardModel(model, tp, g, gemm, attention, all_reduce, profile,
+                        prefill_checks_s=checks[0] * each,
+                        decode_checks_s=checks[1] * each)  # fmt: skip

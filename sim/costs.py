@@ -119,7 +119,7 @@ def shared_link(p: LinkParams, share: float) -> LinkParams:
 def build_costs(cfg: SimConfig) -> Costs:
     """The latency model for a resolved :class:`hicache.config.SimConfig`."""
     from hicache.config import resolve_pools, server_for
-    from hicache.forward import forward_model
+    from hicache.forward import forward_model, hicache_checks
     from hicache.hardware import get_gpu
     from hicache.servers import both_ways_eta, rank_link_share
 
@@ -129,7 +129,8 @@ def build_costs(cfg: SimConfig) -> Costs:
     _, _, kv_bytes = resolve_pools(cfg)
     prof = latency.load_profile(cfg.run.profile or None, cfg.gpu.name, cfg.link.name)
     backend = cfg.link.io_backend
-    fwd = forward_model(model, gpu, tp, prof, host_tier=cfg.cache.enable_host)
+    checks = hicache_checks(cfg.sglang.version, tp, cfg.cache.enable_host, cfg.storage.enabled)
+    fwd = forward_model(model, gpu, tp, prof, checks)
     server = server_for(cfg)
     d2h, h2d = prof.link(backend, "d2h"), prof.link(backend, "h2d")
     d2h = shared_link(d2h, rank_link_share(server, d2h.beta_Bps, tp))

@@ -26,6 +26,7 @@ from hicache.forward import (
     expected_experts_hit,
     forward_model,
     gemm_time,
+    hicache_checks,
     layer_ops,
 )
 from hicache.hardware import GpuSpec, get_gpu, get_model
@@ -176,24 +177,50 @@ def test_model_command_prints_the_breakdown(capsys: pytest.CaptureFixture[str]) 
     assert main(["model", "forward", "--tokens", "a,b"]) == 2
 
 
-def test_hicache_checks_cost_only_under_tp_with_a_host_tier(prof: Profile) -> None:
-    """SGLang's writing/loading checks each run a CPU all-reduce over the TP group every
-    scheduler iteration: two per pass, and none at tp 1 or without the host tier."""
+def test_hicache_checks_per_version_pass_and_store(prof: Profile) -> None:
+    """SGLang's HiCache completion checks, one CPU all-reduce over the TP group each: 0.5.14
+    runs writing_check and loading_check every iteration, one more on a decode step
+    (flush_write_through_acks) and one more with L3 (the storage queue drain): 2 / 3 per
+    prefill pass / decode step, 3 / 4 with L3 (the four of sglang PR #30511); 0.5.23 merges
+    them into one per iteration. None at tp 1 or without the host tier."""
+    assert hicache_checks("0.5.14", 8, True, False) == (2, 3)
+    assert hicache_checks("0.5.14", 2, True, True) == (3, 4)
+    assert hicache_checks("0.5.23", 8, True, False) == (1, 1)
+    assert hicache_checks("0.5.23", 8, True, True) == (1, 1)
+    for version in ("0.5.14", "0.5.23"):
+        assert hicache_checks(version, 1, True, True) == (0, 0)
+        assert hicache_checks(version, 8, False, True) == (0, 0)
+    with pytest.raises(ValueError, match=r"no HiCache check count for SGLang 0\.5\.99"):
+        hicache_checks("0.5.99", 8, True, False)
+    m = get_model("llama-3-70b")
+    plain = forward_model(m, "h100-sxm", 8, prof)
+    tiered = forward_model(m, "h100-sxm", 8, prof, (3, 4))
+    assert prof.hicache_check_s == pytest.approx(1.5e-4)
+    assert tiered.decode_time(4, 0) - plain.decode_time(4, 0) == pytest.approx(4 * 1.5e-4)
+    assert tiered.prefill_time([(10, 0)]) - plain.prefill_time([(10, 0)]) == pytest.approx(
+        3 * 1.5e-4
+    )
+
+
+@pytest.mark.parametrize(
+    ("version", "store", "prefill", "decode"),
+    [("0.5.14", False, 2, 3), ("0.5.14", True, 3, 4), ("0.5.23", False, 1, 1),
+     ("0.5.23", True, 1, 1)],
+)  # fmt: skip
+def test_build_costs_charges_the_versions_checks(
+    prof: Profile, version: str, store: bool, prefill: int, decode: int
+) -> None:
     from hicache.config import load_config
     from sim.costs import build_costs
 
-    m = get_model("llama-3-70b")
-    plain = forward_model(m, "h100-sxm", 8, prof)
-    tiered = forward_model(m, "h100-sxm", 8, prof, host_tier=True)
-    one = forward_model(get_model("llama-3-8b"), "h100-sxm", 1, prof, host_tier=True)
-    assert tiered.per_pass_s == 2 * prof.hicache_check_s == pytest.approx(3e-4)
-    assert plain.per_pass_s == 0.0 == one.per_pass_s
-    assert tiered.decode_time(4, 0) - plain.decode_time(4, 0) == pytest.approx(3e-4)
-    assert tiered.prefill_time([(10, 0)]) - plain.prefill_time([(10, 0)]) == pytest.approx(3e-4)
-    base = ["model.name=llama-3-70b", "model.tp=8"]
+    base = ["model.name=llama-3-70b", "model.tp=8", f"sglang.version={version}"]
+    if store:
+        base.append("storage.backend=file")
     on = build_costs(load_config(None, base))
-    off = build_costs(load_config(None, [*base, "cache.enable_host=false"]))
-    assert on.decode_fn(1, 0) - off.decode_fn(1, 0) == pytest.approx(3e-4)
+    off = build_costs(load_config(None, [*base, "cache.enable_host=false", "storage.backend=none"]))
+    each = prof.hicache_check_s
+    assert on.decode_fn(1, 0) - off.decode_fn(1, 0) == pytest.approx(decode * each)
+    assert on.prefill_fn([(10, 0)]) - off.prefill_fn([(10, 0)]) == pytest.approx(prefill * each)
 
 
 # --- hand-computed toy models ------------------------------------------------------------------
@@ -333,7 +360,7 @@ def _toy_fm(model: ModelSpec, tp: int = 2, gpu: GpuSpec | None = None, **kw: Any
     gpu = gpu or dataclasses.replace(get_gpu("h100-sxm"), hbm_bw=1e12)
     return ForwardModel(model=model, tp=tp, gpu=gpu, gemm=TOY_GEMM, attention=TOY_ATT,
                         all_reduce=TOY_AR, profile=p, custom_all_reduce=TOY_CAR,
-                        per_pass_s=3e-7)  # fmt: skip
+                        prefill_checks_s=3e-7, decode_checks_s=7e-7)  # fmt: skip
 
 
 def test_toy_forward_passes_by_hand() -> None:
@@ -392,7 +419,7 @@ def test_toy_forward_passes_by_hand() -> None:
     assert d.attention_s == pytest.approx(3 * (1e-6 + 320 * PS), rel=1e-12)
     assert (d.linear_s, d.allreduce_s, d.lm_head_s) == (
         fm.linear_s(2), fm.allreduce_s(2, 2), fm.lm_head_s(2, 2))  # fmt: skip
-    assert d.overhead_s == pytest.approx(2e-3 + 1e-5 + 3e-7, rel=1e-12)
+    assert d.overhead_s == pytest.approx(2e-3 + 1e-5 + 7e-7, rel=1e-12)
     assert fm.decode(0, 100) == Breakdown(3, 0.0, 0.0, 0.0, 0.0, 0.0)
 
 
@@ -439,5 +466,6 @@ def test_forward_model_checks_tp_and_the_all_reduce_figures_up_front() -> None:
 def test_forward_model_takes_the_fitted_gemm_and_the_checks_at_tp2(prof: Profile) -> None:
     base, _, _ = compute_models_for(get_gpu("h100-sxm"))
     assert forward_model(_toy(weight_dtype_bytes=1), "h100-sxm", 1, prof).gemm == base
-    # host tier at tp 2: the two completion checks (2 x 150 us in the shipped profile)
-    assert forward_model(_toy(), "h100-sxm", 2, prof, host_tier=True).per_pass_s == 3e-4
+    # at tp 2: the completion checks asked for (150 us each in the shipped profile)
+    fm = forward_model(_toy(), "h100-sxm", 2, prof, (2, 3))
+    assert (fm.prefill_checks_s, fm.decode_checks_s) == (pytest.approx(3e-4), pytest.approx(4.5e-4))
