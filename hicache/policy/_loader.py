@@ -18,12 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 #: The compiled modules, by package. Only modules whose classes mypyc accepts can be here:
-#: no class that an interpreted class subclasses (the controllers, ``CacheCounters``), none that
+#: no class that an interpreted class subclasses (``CacheCounters``) unless it is marked
+#: ``allow_interpreted_subclasses`` (``BaseController``, which the timed and replay controllers
+#: subclass: its bookkeeping runs compiled under every one of them), none that
 #: subclasses a built-in type or an interpreted class (the key types, ``SchedulerParams``, the
 #: metric tables), which is why those live in modules of their own. The rest is not where the
 #: time goes. Each package's ``__init__`` calls :func:`activate` with its name.
 GROUPS: dict[str, tuple[str, ...]] = {
-    "hicache.policy": ("radix", "allocator", "eviction", "hiradix", "shortcuts"),
+    "hicache.policy": ("radix", "allocator", "eviction", "controller", "hiradix", "shortcuts"),
     "hicache.policy.v0523": ("node", "victims", "removal", "tree", "cache"),
     "hicache": ("lifecycle", "lifecycle_v0523"),
     "sim": ("scheduler", "scheduler_v0523", "reference", "admission", "prefetching", "link"),

@@ -22,10 +22,18 @@ Semantics shared by every implementation (they follow SGLang 0.5.14):
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from hicache.policy.allocator import PageAllocator
+
+try:  # mypyc's class attributes, read when the module is compiled (mypy ships the package)
+    from mypy_extensions import mypyc_attr
+except ImportError:  # no mypy here, so no compiled build either: a no-op marker
+
+    def mypyc_attr(*_args: object, **_kwargs: object) -> Callable[[type], type]:  # type: ignore[misc]
+        return lambda cls: cls
 
 
 class TransferController(Protocol):
@@ -114,6 +122,7 @@ class LoadBatch:
         return sum(len(op.device_pages) for op in self.ops)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class BaseController:
     """Allocation, queues and FIFO ack bookkeeping; subclasses decide when copies finish.
 
@@ -259,6 +268,7 @@ class BaseController:
         return sum(1 for op in self.write_queue if not op.done)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class ManualController(BaseController):
     """Copies finish only when the caller says so (``complete_writes`` / ``complete_loads``).
 
