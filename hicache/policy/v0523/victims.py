@@ -86,7 +86,7 @@ class PersistentVictims:
         """``host``: the host leaves (``drive_host_eviction``'s heap; the same argument)."""
         self.key_fn = key_fn
         self.leaves = leaves
-        self._since = "host_leaf_since" if host else "leaf_since"
+        self._host = host  # which stamp: host_leaf_since or leaf_since (no getattr by name)
         self._heap: list[tuple[Any, int, UNode]] = []
         self._seq = 0
         self._call = 0
@@ -99,7 +99,10 @@ class PersistentVictims:
         heapq.heappush(self._heap, (self.key_fn(node), self._seq, node))
 
     def on_add(self, node: UNode) -> None:
-        setattr(node, self._since, self._call)
+        if self._host:
+            node.host_leaf_since = self._call
+        else:
+            node.leaf_since = self._call
         self._push(node)
 
     def begin(self) -> None:
@@ -115,12 +118,13 @@ class PersistentVictims:
         self._parents.add(node)
 
     def pop(self) -> UNode | None:
-        heap, leaves, seen, call = self._heap, self.leaves, self._seen, self._call
+        heap, leaves, seen, call, host = self._heap, self.leaves, self._seen, self._call, self._host
         while heap:
             key, _, x = heapq.heappop(heap)
             if x not in leaves or x in seen:
                 continue
-            if getattr(x, self._since) >= call and x not in self._parents:
+            since = x.host_leaf_since if host else x.leaf_since
+            if since >= call and x not in self._parents:
                 self._waiting.append(x)  # became a leaf during this call: the next one
                 continue
             now = self.key_fn(x)
