@@ -2,12 +2,13 @@
 
 Every module stays plain Python and the reference. ``python -m hicache.policy.native build``
 (``make native``; ``make demo`` and ``make test`` run it) compiles the modules that hold the
-per-node and per-event work (:data:`MODULES`: the radix tree and its allocators, the
-transfer controllers' shared bookkeeping, the 0.5.23 tree core and cache, the request
-lifecycles, the timed scheduler, its admission arithmetic and the link) with mypyc, the compiler that ships with mypy, into ``hicache/policy/_native/``,
-next to a manifest of the exact sources it compiled. The same source, compiled: every decision,
-clock value and page id stays as the interpreted code makes it (``tests/test_native_core.py``
-compares whole runs), and a timed run takes about half the time (BENCHMARKS.md).
+per-node and per-event work (:data:`MODULES`: the radix tree and its allocators, the transfer
+controllers' shared bookkeeping, the 0.5.23 tree core and cache, the request lifecycles, the
+timed scheduler, its admission arithmetic and the link) with mypyc, the compiler that ships
+with mypy, into ``hicache/policy/_native/``, next to a manifest of the exact sources it
+compiled. The same source, compiled: every decision, clock value and page id stays as the
+interpreted code makes it (``tests/test_native_core.py`` compares whole runs), and a timed run
+takes about half the time (BENCHMARKS.md).
 
 Whether a process uses the build is decided once, when the first of ``hicache``,
 ``hicache.policy`` and ``sim`` is imported, by the environment variable ``HICACHE_NATIVE``:
