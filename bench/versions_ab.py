@@ -1,12 +1,14 @@
 """Cost per SGLang version, measured in one run (issue 24: 0.5.23 within 1.3x of 0.5.14).
 
-    python bench/versions_ab.py [TRACE] [--repeat 3] [--timed] [--max-requests N] [--l3]
+    python bench/versions_ab.py [TRACE] [--repeat 3] [--inner 1] [--timed] [--max-requests N] [--l3]
 
 Medians of ``--repeat`` runs per version, alternating, for each write policy; prints seconds and
 the 0.5.23 / 0.5.14 ratio. Cache-only (default): the replay at 1 M : 4 M tokens, page 64, LRU.
 ``--timed``: ``run_simulation`` with the defaults (llama-3-8b, h100-sxm, page 64) at the demo's
 rate (0.25 x the trace's), the trace read excluded. ``--l3``: with an L3 store (cache-only: an
-unlimited one, timeout policy; timed: ``storage.backend=mooncake``).
+unlimited one, timeout policy; timed: ``storage.backend=mooncake``). ``--inner K``: each
+cache-only sample times K replays back to back and reports one replay's share (a short trace's
+0.2 s replays are too short for one sample on a noisy machine).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("trace", nargs="?", default="traces/data/mooncake/synthetic_trace.jsonl")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--inner", type=int, default=1, help="replays per cache-only sample")
     ap.add_argument("--timed", action="store_true", help="time run_simulation, not the replay")
     ap.add_argument("--max-requests", type=int, default=0)
     ap.add_argument("--l3", action="store_true", help="with an L3 store behind the host tier")
@@ -39,8 +42,9 @@ def main() -> None:
                                     write_policy=wp, sglang_version=v,
                                     storage=args.l3)  # fmt: skip
                 t0 = time.perf_counter()
-                replay(reqs, cfg)
-                times[v].append(time.perf_counter() - t0)
+                for _ in range(args.inner):
+                    replay(reqs, cfg)
+                times[v].append((time.perf_counter() - t0) / args.inner)
         a, b = statistics.median(times["0.5.14"]), statistics.median(times["0.5.23"])
         print(f"{wp:>24}  0.5.14 {a:6.2f} s   0.5.23 {b:6.2f} s   ratio {b / a:4.2f}")
 
