@@ -2,13 +2,17 @@
 
 A command raises :class:`UserError` for anything the user can fix (bad arguments, unreadable or
 malformed input); a command may also declare which library errors it already treats as the
-user's (``set_defaults(user_errors=...)``: e.g. the ``ValueError`` family, which
-:class:`hicache.config.ConfigError` and :class:`traces.schema.TraceError` belong to), and
-:func:`run_command` converts them in this one place. :func:`run_command` is the only code that
-prints the error: one line, ``hicache-sim: <message>`` (a command may set another
-``error_prefix``), exit code 2. Ctrl-C prints ``hicache-sim: interrupted`` and gives 130. Any
-other exception is a bug and keeps its traceback. :func:`cli.main.main` and the standalone
-entry points (``python -m cli.sweep`` and the like) all end here.
+user's (``set_defaults(user_errors=...)``: :func:`input_errors`, the input-error classes of the
+layers below: :class:`hicache.config.ConfigError`, :class:`traces.schema.TraceError` and
+``TraceParamError``, :class:`studies.errors.StudyError`), and :func:`run_command` converts
+them in this one place.
+:func:`run_command` is the only code that prints the error: one line, ``hicache-sim:
+<message>`` (a command may set another ``error_prefix``), exit code 2. Ctrl-C prints
+``hicache-sim: interrupted`` and gives 130. A closed output pipe (``run ... | head -1``) ends
+the command quietly with 141, as a shell reports SIGPIPE. Any other exception -- a plain
+``ValueError`` included -- is a bug: its traceback is printed with a line asking for a report,
+exit code 70 (``EX_SOFTWARE``). :func:`cli.main.main` and the standalone entry points
+(``python -m cli.sweep`` and the like) all end here.
 
 Argument errors follow the same rule: every parser is a :class:`Parser`, whose ``error`` prints
 one line, ``<prog>: <message> (see <prog> --help)``, and exits 2 (argparse's default prints
@@ -19,7 +23,9 @@ so an in-process ``main(argv)`` returns 2 instead of raising ``SystemExit``.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
@@ -28,6 +34,15 @@ PROG = "hicache-sim"
 EXIT_USER_ERROR = 2
 #: Exit code after Ctrl-C (128 + SIGINT, as a shell reports it).
 EXIT_INTERRUPTED = 130
+#: Exit code of a bug (sysexits.h ``EX_SOFTWARE``: an internal software error).
+EXIT_BUG = 70
+#: Exit code when stdout's reader went away (128 + SIGPIPE, as a shell reports it).
+EXIT_BROKEN_PIPE = 141
+#: What follows a bug's traceback.
+BUG_LINE = (
+    "internal error: this is a bug in hicache-sim, not a problem with your input; please "
+    "report it with the command line and the traceback above"
+)
 
 #: Turns an exception a command raised into a user-error message, or None (a bug: re-raised).
 Converter = Callable[[Exception, argparse.Namespace], "str | None"]
@@ -59,16 +74,47 @@ def parse_args(
         return e.code if isinstance(e.code, int) else EXIT_USER_ERROR
 
 
-def value_errors(e: Exception, args: argparse.Namespace) -> str | None:
-    """The ``ValueError`` family (config, trace, grid and argument errors) as its message."""
-    return str(e) if isinstance(e, ValueError) else None
+def _input_error_classes() -> tuple[type[Exception], ...]:
+    # imported here: a command's --help must not load the config or trace modules
+    from hicache.config import ConfigError
+    from studies.errors import StudyError
+    from traces.schema import TraceError, TraceParamError
+
+    return (ConfigError, TraceError, TraceParamError, StudyError)
+
+
+def input_errors(e: Exception, args: argparse.Namespace) -> str | None:
+    """A config, trace or study input error as its message (None for anything else: a plain
+    ``ValueError`` out of the simulator is a bug, not the user's)."""
+    return str(e) if isinstance(e, _input_error_classes()) else None
+
+
+def input_and_os_errors(e: Exception, args: argparse.Namespace) -> str | None:
+    """:func:`input_errors`, and an ``OSError`` as ``<file>: <reason>``."""
+    if isinstance(e, OSError):
+        return f"{e.filename}: {e.strerror}" if e.filename else str(e)
+    return input_errors(e, args)
 
 
 def value_and_os_errors(e: Exception, args: argparse.Namespace) -> str | None:
-    """:func:`value_errors`, and an ``OSError`` as ``<file>: <reason>``."""
-    if isinstance(e, OSError):
-        return f"{e.filename}: {e.strerror}" if e.filename else str(e)
-    return value_errors(e, args)
+    """Every ``ValueError`` and ``OSError`` as its message: the broader rule of ``replay``,
+    whose readers of bench tables and profiles report malformed files as ``ValueError``
+    naming the file (see :mod:`cli.replay`)."""
+    if isinstance(e, ValueError):
+        return str(e)
+    return input_and_os_errors(e, args)
+
+
+def stdout_gone() -> None:
+    """Point stdout at /dev/null after its reader closed the pipe, so that the interpreter's
+    last flush does not raise again (the recipe of Python's ``signal`` documentation)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # no real file descriptor (captured output)
+        pass
+    finally:
+        os.close(devnull)
 
 
 def _message(e: Exception, args: argparse.Namespace) -> str | None:
@@ -82,14 +128,21 @@ def run_command(args: argparse.Namespace) -> int:
     """Run a parsed command (``args.func(args)``) and return its exit code; a user error is
     printed here, as one line on stderr, and gives :data:`EXIT_USER_ERROR`."""
     try:
-        return int(args.func(args))
+        code = int(args.func(args))
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush
+        return code
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        stdout_gone()
+        return EXIT_BROKEN_PIPE
     except Exception as e:
         message = _message(e, args)
         if message is None:
-            raise
+            traceback.print_exc()
+            print(f"{PROG}: {BUG_LINE}", file=sys.stderr)
+            return EXIT_BUG
     prefix: str = getattr(args, "error_prefix", PROG)
     line = " ".join(message.splitlines())
     print(f"{prefix}: {line}" if prefix else line, file=sys.stderr)
@@ -97,15 +150,20 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 __all__ = [
+    "BUG_LINE",
+    "EXIT_BROKEN_PIPE",
+    "EXIT_BUG",
     "EXIT_INTERRUPTED",
     "EXIT_USER_ERROR",
     "PROG",
     "Parser",
     "UserError",
+    "input_and_os_errors",
+    "input_errors",
     "parse_args",
     "run_command",
+    "stdout_gone",
     "value_and_os_errors",
-    "value_errors",
 ]
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cli.args import check_output_dir, int_at_least, jobs_arg
-from cli.errors import UserError, value_and_os_errors
+from cli.errors import UserError, input_and_os_errors
 
 if TYPE_CHECKING:
     from studies.plan import Plan
@@ -76,7 +76,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "--progress", action=argparse.BooleanOptionalAction, default=None,
         help="a progress bar over evaluations (default: only on a terminal)",
     )  # fmt: skip
-    p.set_defaults(func=_cmd_plan, user_errors=value_and_os_errors)
+    p.set_defaults(func=_cmd_plan, user_errors=input_and_os_errors)
     return p
 
 

@@ -16,7 +16,7 @@ from studies.report import build_report
 def register(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``report`` command to an argparse sub-parsers object (``func`` returns an exit
     code; a ``ValueError`` is a user error for :func:`cli.errors.run_command`: one line, 2)."""
-    from cli.errors import value_errors
+    from cli.errors import input_errors
 
     p: argparse.ArgumentParser = subparsers.add_parser(
         "report",
@@ -27,7 +27,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("dirs", type=Path, nargs="+", metavar="DIR", help="run or sweep directory")
     p.add_argument("--out", type=Path, required=True, help="HTML file to write (FILE.html)")
     p.add_argument("--pdf", action="store_true", help="also write the figures as a PDF")
-    p.set_defaults(func=_cmd_report, user_errors=value_errors)
+    p.set_defaults(func=_cmd_report, user_errors=input_errors)
     return p
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cli.args import check_output_dir, jobs_arg
-from cli.errors import UserError, value_and_os_errors
+from cli.errors import UserError, input_and_os_errors
 from studies.sweep import EXECUTORS, run_sweep
 from studies.sweep.grid import load_grid
 
@@ -55,7 +55,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         help="the SGLang release(s) whose cache decides (sglang.version): one sets it for every "
         "job; several add an axis, e.g. 0.5.14,0.5.23 to see what upgrading changes",
     )  # fmt: skip
-    p.set_defaults(func=_cmd_sweep, user_errors=value_and_os_errors)
+    p.set_defaults(func=_cmd_sweep, user_errors=input_and_os_errors)
     return p
 
 

@@ -2,9 +2,9 @@
 
 `register(subparsers)` adds the ``trace`` command to a parent argparse parser (its
 ``func`` default is `run`); `main(argv)` runs it stand-alone (``python -m cli.traces``).
-User errors (bad files, bad parameters: `TraceError`, `OSError`, `ValueError`) are printed by
-:func:`cli.errors.run_command` as one line in the reader's ``path:line: field: problem`` form
-(no program prefix) and give exit code 2; tracebacks are for bugs only.
+User errors (bad files, bad parameters: `TraceError`, `OSError`, `TraceParamError`) are printed
+by :func:`cli.errors.run_command` as one line, ``hicache-sim: `` and the reader's
+``path:line: field: problem`` form, and give exit code 2; tracebacks are for bugs only.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "(JSONL, JSONL.gz, Parquet; see traces/README.md).",
     )
     _add_subcommands(parser)
-    parser.set_defaults(func=run, user_errors=user_error, error_prefix="")
+    parser.set_defaults(func=run, user_errors=user_error)
     return parser
 
 
@@ -137,24 +137,23 @@ def build_parser() -> argparse.ArgumentParser:
         description="Inspect, convert, generate and validate request traces.",
     )
     _add_subcommands(parser)
-    parser.set_defaults(func=run, user_errors=user_error, error_prefix="")
+    parser.set_defaults(func=run, user_errors=user_error)
     return parser
 
 
 def user_error(err: Exception, args: argparse.Namespace) -> str | None:
     """The one-line message of a user error of a ``trace`` command (None: not one, a bug)."""
+    from traces.schema import TraceParamError
+
     if isinstance(err, TraceError):
         return str(err)
     source = getattr(args, "file", None) or getattr(args, "input", None)
     if isinstance(err, OSError):
         where = err.filename if err.filename is not None else (source or "trace")
         return f"{where}:0: file: {err.strerror or err}"
-    if isinstance(err, ValueError):
-        # parameter errors from generators, keys (page size) and converters; a reader's own
-        # error (pyarrow on a broken Parquet file) may not name the file: then it is added
+    if isinstance(err, TraceParamError):
+        # a generator's, a converter's or a page key's parameter: named with the command
         text = " ".join(str(err).split())
-        if source is not None and str(source) not in text:
-            return f"{source}:0: file: trace {args.trace_command}: {text}"
         return f"trace {args.trace_command}: {text}"
     return None
 

@@ -7,13 +7,21 @@ functions that need them (Parquet I/O, reuse distances), so the policy core can 
 
 from traces.io import iter_requests, read_trace, write_trace
 from traces.keys import page_symbols, token_ids_of
-from traces.schema import Request, Trace, TraceError, TraceHeader, validate_request
+from traces.schema import (
+    Request,
+    Trace,
+    TraceError,
+    TraceHeader,
+    TraceParamError,
+    validate_request,
+)
 
 __all__ = [
     "Request",
     "Trace",
     "TraceError",
     "TraceHeader",
+    "TraceParamError",
     "iter_requests",
     "page_symbols",
     "read_trace",

@@ -26,7 +26,14 @@ from typing import Literal
 from traces.formats import cannot_open, file_kind
 from traces.io import TraceSkipWarning, read_trace, write_trace
 from traces.reader import record_skip
-from traces.schema import DEFAULT_BLOCK_SIZE, Request, Trace, TraceError, TraceHeader
+from traces.schema import (
+    DEFAULT_BLOCK_SIZE,
+    Request,
+    Trace,
+    TraceError,
+    TraceHeader,
+    TraceParamError,
+)
 
 CsvFormat = Literal["vidur", "azure"]
 SOURCE_FORMATS: tuple[str, ...] = ("auto", "jsonl", "parquet", "vidur", "splitwise", "azure")
@@ -136,7 +143,7 @@ def read_csv_trace(
     """
     path = Path(path)
     if block_size < 1:
-        raise ValueError(f"block_size must be >= 1, got {block_size}")
+        raise TraceParamError(f"block_size must be >= 1, got {block_size}")
     flavour = flavour or sniff_csv(path)
     columns = VIDUR_COLUMNS if flavour == "vidur" else AZURE_COLUMNS
     requests: list[Request] = []
@@ -252,7 +259,7 @@ def read_any(
     """
     path = Path(path)
     if from_format not in SOURCE_FORMATS:
-        raise ValueError(
+        raise TraceParamError(
             f"unknown source format {from_format!r} (choose from " + ", ".join(SOURCE_FORMATS) + ")"
         )
     if from_format == "auto":

@@ -14,7 +14,7 @@ import random
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from traces.schema import Request, Trace, TraceHeader
+from traces.schema import Request, Trace, TraceHeader, TraceParamError
 
 DISTRIBUTIONS: tuple[str, ...] = ("poisson", "uniform")
 
@@ -25,18 +25,18 @@ DISTRIBUTIONS: tuple[str, ...] = ("poisson", "uniform")
 def check_positive(**values: float) -> None:
     for name, value in values.items():
         if value <= 0:
-            raise ValueError(f"{name} must be > 0, got {value}")
+            raise TraceParamError(f"{name} must be > 0, got {value}")
 
 
 def check_non_negative(**values: float) -> None:
     for name, value in values.items():
         if value < 0:
-            raise ValueError(f"{name} must be >= 0, got {value}")
+            raise TraceParamError(f"{name} must be >= 0, got {value}")
 
 
 def check_distribution(distribution: str) -> None:
     if distribution not in DISTRIBUTIONS:
-        raise ValueError(
+        raise TraceParamError(
             f"distribution must be one of {', '.join(DISTRIBUTIONS)}, got {distribution!r}"
         )
 

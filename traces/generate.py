@@ -48,7 +48,7 @@ from traces.gen_parts import (
     prefixed_requests,
     recorded_params,
 )
-from traces.schema import DEFAULT_BLOCK_SIZE, Request, Trace
+from traces.schema import DEFAULT_BLOCK_SIZE, Request, Trace, TraceParamError
 
 __all__ = [
     "DISTRIBUTIONS",
@@ -154,7 +154,7 @@ def shared_prefix(
         jitter=jitter,
     )
     if prefix_length + suffix_length < 1:
-        raise ValueError("prefix_length + suffix_length must be >= 1")
+        raise TraceParamError("prefix_length + suffix_length must be >= 1")
     check_distribution(distribution)
     rng = random.Random(seed)
     ids = IdAllocator()
@@ -254,7 +254,7 @@ def agentic(
         jitter=jitter,
     )
     if system_length + task_length < 1:
-        raise ValueError("system_length + task_length must be >= 1")
+        raise TraceParamError("system_length + task_length must be >= 1")
     check_distribution(distribution)
     rng = random.Random(seed)
     ids = IdAllocator()
@@ -338,7 +338,7 @@ def generate(kind: str, **params: Any) -> Trace:
     try:
         fn = GENERATORS[kind]
     except KeyError:
-        raise ValueError(
+        raise TraceParamError(
             f"unknown generator {kind!r} (choose from " + ", ".join(GENERATORS) + ")"
         ) from None
     return fn(**params)

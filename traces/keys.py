@@ -20,7 +20,7 @@ on their first ``k * page_size`` tokens.
 
 from __future__ import annotations
 
-from traces.schema import DEFAULT_BLOCK_SIZE, Request
+from traces.schema import DEFAULT_BLOCK_SIZE, Request, TraceParamError
 
 
 def token_of(hash_id: int, position: int, block_size: int = DEFAULT_BLOCK_SIZE) -> int:
@@ -32,11 +32,11 @@ def check_page_size(page_size: int, block_size: int = DEFAULT_BLOCK_SIZE) -> int
     """Return the number of pages per block; raise ValueError unless page_size divides
     block_size (both positive)."""
     if page_size < 1:
-        raise ValueError(f"page_size must be >= 1, got {page_size}")
+        raise TraceParamError(f"page_size must be >= 1, got {page_size}")
     if block_size < 1:
-        raise ValueError(f"block_size must be >= 1, got {block_size}")
+        raise TraceParamError(f"block_size must be >= 1, got {block_size}")
     if block_size % page_size:
-        raise ValueError(
+        raise TraceParamError(
             f"page_size {page_size} does not divide the trace's block_size {block_size}: a "
             "hash-id trace only knows which whole blocks are equal, so pages must not straddle "
             "blocks (use a page size that divides the block size)"
@@ -74,7 +74,7 @@ def page_symbols(
     if token_ids is None:
         raise ValueError("request has neither hash_ids nor token_ids")
     if page_size < 1:
-        raise ValueError(f"page_size must be >= 1, got {page_size}")
+        raise TraceParamError(f"page_size must be >= 1, got {page_size}")
     n_pages = req.input_length // page_size
     if page_size == 1:
         return token_ids[:n_pages]

@@ -64,6 +64,12 @@ class TraceError(ValueError):
         return (TraceError, (self.path, self.line, self.field, self.problem))
 
 
+class TraceParamError(ValueError):
+    """A bad parameter of a trace tool the user can fix (a generator's size, a page size that
+    does not divide the trace's block size, an unknown source format): one line, no file
+    position. Every other ``ValueError`` out of :mod:`traces` is a bug."""
+
+
 @dataclass(slots=True)
 class Request:
     """One request of a trace.

@@ -13,7 +13,7 @@ from typing import Any
 
 from traces.keys import check_page_size, page_symbols
 from traces.reuse import distance_histogram, reuse_distances
-from traces.schema import DEFAULT_BLOCK_SIZE, Request, Trace
+from traces.schema import DEFAULT_BLOCK_SIZE, Request, Trace, TraceParamError
 
 __all__ = [
     "PERCENTILES",
@@ -76,7 +76,7 @@ def infinite_capacity_hit_rate(
     """
     requests, bs = _requests_and_block_size(trace, block_size)
     if page_size < 1:
-        raise ValueError(f"page_size must be >= 1, got {page_size}")
+        raise TraceParamError(f"page_size must be >= 1, got {page_size}")
     if requests and all(r.hash_ids is not None for r in requests):
         cached, total, _ = _hash_walk(requests, page_size, bs)
     else:
@@ -195,7 +195,7 @@ def trace_stats(
     requests = trace.requests
     bs = trace.block_size
     if not requests:
-        raise ValueError("trace has no requests")
+        raise TraceParamError("trace has no requests")
     hash_trace = all(r.hash_ids is not None for r in requests)
     stats: dict[str, Any] = {
         "path": str(trace.path) if trace.path is not None else None,

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from studies.errors import StudyError
 from studies.plan.evaluate import Config, Executor
 from studies.plan.search import Evaluation, Search, numeric_keys, run_searches
 from studies.plan.targets import (
@@ -96,7 +97,7 @@ def build_configs(
     check_names(variants)
     bad = [r for r in routers if r not in ROUTER_POLICIES]
     if bad or not routers:
-        raise ValueError(
+        raise StudyError(
             f"--router: unknown router {', '.join(map(repr, bad))}; choose from "
             f"{', '.join(ROUTER_POLICIES)}"
         )
@@ -106,7 +107,7 @@ def build_configs(
             try:
                 cfg = with_overrides(base, [*v.overrides, f"{ROUTER_KEY}={router}"])
             except ValueError as e:
-                raise ValueError(f"--variant {v.name!r}: {e}") from None
+                raise StudyError(f"--variant {v.name!r}: {e}") from None
             device, host, bpt = resolve_pools(cfg)
             span = arrival_span_s(trace, cfg.workload.rate_scale, cfg.workload.max_requests)
             out.append(
@@ -274,7 +275,7 @@ def run_plan(
     from tqdm import tqdm
 
     if not targets:
-        raise ValueError("a plan needs at least one target")
+        raise StudyError("a plan needs at least one target")
     bar = tqdm(
         total=len(configs) * Search(max_instances).remaining_bound(),
         desc="plan",

@@ -13,6 +13,7 @@ import importlib
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from studies.errors import StudyError
 from studies.sweep.executors import EXECUTORS, run_local
 
 if TYPE_CHECKING:
@@ -70,9 +71,9 @@ class Executor:
         on_done: Callable[[], None] | None = None,
     ) -> None:
         if kind not in EXECUTORS:
-            raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {kind!r}")
+            raise StudyError(f"executor must be one of {', '.join(EXECUTORS)}, got {kind!r}")
         if address and kind != "ray":
-            raise ValueError("an address needs the ray executor")
+            raise StudyError("an address needs the ray executor")
         self.trace = trace
         self.kind, self.jobs, self.address = kind, jobs, address
         self.on_done = on_done
@@ -112,7 +113,7 @@ class Executor:
             # by name: Ray is an optional extra, so neither mypy nor CI may have it
             ray = importlib.import_module("ray")
         except ImportError:
-            raise ValueError(
+            raise StudyError(
                 "the ray executor needs Ray: pip install 'hicache-sim[cluster]'"
             ) from None
         if not ray.is_initialized():
@@ -125,7 +126,7 @@ class Executor:
                     )
             except Exception as e:
                 where = f" at {self.address}" if self.address else ""
-                raise ValueError(f"cannot start Ray{where}: {' '.join(str(e).split())}") from None
+                raise StudyError(f"cannot start Ray{where}: {' '.join(str(e).split())}") from None
             self._ray_started = True
         self._ray = ray
         self._trace_ref = ray.put(self.trace)  # once per plan, not once per job

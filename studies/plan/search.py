@@ -16,6 +16,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
+from studies.errors import StudyError
 from studies.plan.targets import Target
 
 Summary = Mapping[str, Any]
@@ -36,7 +37,7 @@ def judge(summary: Summary, targets: Sequence[Target]) -> Verdict:
         return Verdict(False, "overloaded")
     for t in targets:
         if t.key not in summary:
-            raise ValueError(
+            raise StudyError(
                 f"the run's summary has no {t.key!r}; numeric keys: "
                 f"{', '.join(numeric_keys(summary))}"
             )
@@ -66,7 +67,7 @@ class Search:
 
     def __init__(self, max_instances: int) -> None:
         if max_instances < 1:
-            raise ValueError(f"max_instances must be >= 1, got {max_instances}")
+            raise StudyError(f"max_instances must be >= 1, got {max_instances}")
         self.max_instances = max_instances
         self.evaluations: dict[int, Evaluation] = {}
         self._fail = 0  # the largest failing N so far (0: none)

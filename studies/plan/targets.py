@@ -17,6 +17,8 @@ import re
 from collections.abc import Collection, Sequence
 from typing import NamedTuple
 
+from studies.errors import StudyError
+
 #: Duration suffixes -> seconds (longest first, so ``ms`` is not read as ``s``).
 UNITS = (("ms", 1e-3), ("min", 60.0), ("s", 1.0))
 #: Keys the planner sets itself; a variant or ``--set`` may not set them.
@@ -73,9 +75,9 @@ def _number(text: str, where: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise ValueError(f"{where}: expected a number, got {text!r}") from None
+        raise StudyError(f"{where}: expected a number, got {text!r}") from None
     if not math.isfinite(value) or value < 0:
-        raise ValueError(f"{where}: expected a finite number >= 0, got {text!r}")
+        raise StudyError(f"{where}: expected a finite number >= 0, got {text!r}")
     return value
 
 
@@ -87,7 +89,7 @@ def _resolve_key(name: str, keys: Collection[str] | None, where: str) -> str:
     for key in (name, f"{name}_s"):
         if key in keys:
             return key
-    raise ValueError(f"{where}: unknown summary key {name!r}; choose from {', '.join(keys)}")
+    raise StudyError(f"{where}: unknown summary key {name!r}; choose from {', '.join(keys)}")
 
 
 def parse_target(text: str, keys: Collection[str] | None = None) -> Target:
@@ -100,13 +102,13 @@ def parse_target(text: str, keys: Collection[str] | None = None) -> Target:
     """
     where = f"--target {text!r}"
     if ">" in text:
-        raise ValueError(f"{where}: targets are upper bounds (NAME=VALUE or NAME<=VALUE)")
+        raise StudyError(f"{where}: targets are upper bounds (NAME=VALUE or NAME<=VALUE)")
     name, sep, value = text.partition("<=")
     if not sep:
         name, sep, value = text.partition("=")
     name, value = name.strip(), value.strip().lower()
     if not sep or not _NAME.fullmatch(name) or not value:
-        raise ValueError(f"{where}: expected NAME=VALUE, e.g. ttft_p90=2s or tpot_mean=50ms")
+        raise StudyError(f"{where}: expected NAME=VALUE, e.g. ttft_p90=2s or tpot_mean=50ms")
     unit = next(((u, f) for u, f in UNITS if value.endswith(u)), None)
     if keys is None and unit is not None and not name.endswith("_s"):
         key = f"{name}_s"
@@ -115,7 +117,7 @@ def parse_target(text: str, keys: Collection[str] | None = None) -> Target:
     if unit is None:
         return Target(key, _number(value, where))
     if not key.endswith("_s"):
-        raise ValueError(f"{where}: {key} is not in seconds: give a plain number")
+        raise StudyError(f"{where}: {key} is not in seconds: give a plain number")
     suffix, factor = unit
     return Target(key, _number(value[: -len(suffix)].strip(), where) * factor)
 
@@ -132,12 +134,12 @@ def parse_variant(text: str) -> Variant:
     name, sep, body = text.partition(":")
     name = name.strip()
     if not sep or not name:
-        raise ValueError(f"{where}: expected NAME:SECTION.KEY=VALUE[,SECTION.KEY=VALUE...]")
+        raise StudyError(f"{where}: expected NAME:SECTION.KEY=VALUE[,SECTION.KEY=VALUE...]")
     items = [item.strip() for item in _ITEM_SPLIT.split(body) if item.strip()]
     for item in items:
         key, eq, _ = item.partition("=")
         if not eq or "." not in key:
-            raise ValueError(f"{where}: {item!r}: expected SECTION.KEY=VALUE")
+            raise StudyError(f"{where}: {item!r}: expected SECTION.KEY=VALUE")
         check_settable(key.strip(), where)
     return Variant(name, tuple(items))
 
@@ -145,9 +147,9 @@ def parse_variant(text: str) -> Variant:
 def check_settable(key: str, where: str) -> None:
     """``ValueError`` when ``key`` is one the planner sets itself."""
     if key in PLANNER_KEYS:
-        raise ValueError(f"{where}: {key} is what the plan searches; do not set it")
+        raise StudyError(f"{where}: {key} is what the plan searches; do not set it")
     if key == ROUTER_KEY:
-        raise ValueError(f"{where}: {key} is set by --router (comma-separated for several)")
+        raise StudyError(f"{where}: {key} is set by --router (comma-separated for several)")
 
 
 def check_names(variants: Sequence[Variant]) -> None:
@@ -155,7 +157,7 @@ def check_names(variants: Sequence[Variant]) -> None:
     seen: set[str] = set()
     for v in variants:
         if v.name in seen:
-            raise ValueError(f"--variant: two variants are named {v.name!r}")
+            raise StudyError(f"--variant: two variants are named {v.name!r}")
         seen.add(v.name)
 
 

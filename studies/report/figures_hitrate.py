@@ -13,6 +13,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from studies.errors import StudyError
 from studies.report.canvas import MARKERS, ReportFigure, dodge, frame, new_figure, tint
 from studies.report.fmt import missing, pct, sig, tokens
 
@@ -201,7 +202,7 @@ def fig_hitrate_study(
     (series in order of first appearance, then device pool). ``note`` is shown above it,
     ``colors`` colour series by label (:func:`draw_hitrate_study`)."""
     if not rows:
-        raise ValueError("the hit-rate study has no rows")
+        raise StudyError("the hit-rate study has no rows")
     labels = study_labels(rows, "policy" if all("policy" in r for r in rows) else None)
     order = list(dict.fromkeys(labels))
     ranked = sorted(

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from studies.errors import StudyError
 from studies.report.fmt import capacity_text
 
 if TYPE_CHECKING:
@@ -198,13 +199,13 @@ def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError) as e:
-        raise ValueError(f"{path}: cannot read: {e}") from None
+        raise StudyError(f"{path}: cannot read: {e}") from None
 
 
 def _load_run(path: Path, shown: str, sweep: str | None = None) -> Run:
     for name in ("config.json", "summary.json", "requests.parquet"):
         if not (path / name).is_file():
-            raise ValueError(f"{shown}: not a complete run directory (no {name})")
+            raise StudyError(f"{shown}: not a complete run directory (no {name})")
     return Run(
         path, shown, _read_json(path / "config.json"), _read_json(path / "summary.json"), sweep
     )
@@ -221,7 +222,7 @@ def load_runs(dirs: Sequence[str | Path]) -> ReportData:
     sweeps: list[Sweep] = []
     seen: set[Path] = set()
     if not dirs:
-        raise ValueError("no run or sweep directory given")
+        raise StudyError("no run or sweep directory given")
     for d in sorted({str(x): Path(x) for x in dirs}.values(), key=str):
         if (d / "results.parquet").is_file():
             meta = _read_json(d / "sweep.json") if (d / "sweep.json").is_file() else {}
@@ -247,14 +248,14 @@ def load_runs(dirs: Sequence[str | Path]) -> ReportData:
                 seen.add(d.resolve())
                 runs.append(_load_run(d, str(d)))
         elif d.is_dir():
-            raise ValueError(
+            raise StudyError(
                 f"{d}: neither a run directory (summary.json) nor a sweep "
                 "directory (results.parquet)"
             )
         else:
-            raise ValueError(f"{d}: no such directory")
+            raise StudyError(f"{d}: no such directory")
     if not runs:
-        raise ValueError(f"{', '.join(map(str, dirs))}: no finished runs to report")
+        raise StudyError(f"{', '.join(map(str, dirs))}: no finished runs to report")
     return describe_runs(runs, sweeps)
 
 

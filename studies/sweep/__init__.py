@@ -46,6 +46,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from studies.errors import StudyError
 from studies.sweep.executors import EXECUTORS, run_local, run_ray
 from studies.sweep.grid import Axis, AxisValue, Grid, Scalar, load_grid, parse_grid
 from studies.sweep.hitrate import run_hitrate_grid
@@ -84,7 +85,7 @@ def _locked(out: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
             locked = True
         except BlockingIOError:
-            raise ValueError(f"{out}: another sweep is writing to this directory") from None
+            raise StudyError(f"{out}: another sweep is writing to this directory") from None
         except OSError:  # a file system without locks (some network mounts): run unlocked
             locked = False
         try:
@@ -96,11 +97,11 @@ def _locked(out: Path) -> Iterator[None]:
 
 def _check_args(executor: str, jobs: int, address: str | None) -> None:
     if executor not in EXECUTORS:
-        raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
+        raise StudyError(f"executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
     if jobs < 0:
-        raise ValueError(f"jobs must be >= 0 (0 = all cores), got {jobs}")
+        raise StudyError(f"jobs must be >= 0 (0 = all cores), got {jobs}")
     if address and executor != "ray":
-        raise ValueError("an address needs the ray executor")
+        raise StudyError("an address needs the ray executor")
 
 
 def _start(out: Path, grid: Grid, specs: Sequence[JobSpec]) -> list[JobSpec]:

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from studies.errors import StudyError
 from studies.sweep.jobs import JobResult, JobSpec, one_line, run_job
 
 #: Executors :func:`studies.sweep.run_sweep` knows.
@@ -177,7 +178,7 @@ def run_ray(
                 ray.init(num_cpus=jobs or None, include_dashboard=False, log_to_driver=False)
         except Exception as e:
             where = f" at {address}" if address else ""
-            raise ValueError(f"cannot start Ray{where}: {one_line(e)}") from None
+            raise StudyError(f"cannot start Ray{where}: {one_line(e)}") from None
         started = True
     try:
         _ray_jobs(ray, specs, on_result)
@@ -191,7 +192,7 @@ def _import_ray() -> Any:
         # by name: Ray is an optional extra, so neither mypy nor CI may have it
         return importlib.import_module("ray")
     except ImportError:
-        raise ValueError("the ray executor needs Ray: pip install 'hicache-sim[cluster]'") from None
+        raise StudyError("the ray executor needs Ray: pip install 'hicache-sim[cluster]'") from None
 
 
 def _ray_jobs(

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hicache.config import ConfigError, config_to_dict, load_config, with_overrides
+from studies.errors import StudyError
 from studies.sweep.grid import Grid, Scalar, resolve_path, setting_text
 from traces.fsutil import write_bytes_atomic
 
@@ -271,7 +272,7 @@ def _trace_for(spec: JobSpec, data: bytes | None) -> Trace:
         # copy with the same name (the reader picks the format by suffix); path=None, so the
         # engine does not re-read a file that is gone (run_job fills in path and checksum)
         if hashlib.sha256(data).hexdigest() != spec.trace_sha256:
-            raise ValueError(f"{spec.trace_path}: shipped trace does not match its checksum")
+            raise StudyError(f"{spec.trace_path}: shipped trace does not match its checksum")
         with tempfile.TemporaryDirectory(prefix="hicache-trace-") as tmp:
             copy = write_bytes_atomic(data, Path(tmp) / Path(spec.trace_path).name)
             trace = replace(read_trace(copy), path=None)
@@ -294,7 +295,7 @@ def run_job(spec: JobSpec, trace_data: bytes | None = None) -> JobResult:
 
     try:
         if spec.config is None:
-            raise ValueError(spec.error or "invalid configuration")
+            raise StudyError(spec.error or "invalid configuration")
         cfg = config_from_dict(spec.config)
         trace = _trace_for(spec, trace_data)
         with tempfile.TemporaryDirectory(prefix="hicache-job-") as tmp:
@@ -304,7 +305,7 @@ def run_job(spec: JobSpec, trace_data: bytes | None = None) -> JobResult:
         conf = json.loads(files["config.json"])
         sha = conf.get("trace_sha256") or spec.trace_sha256  # None when parsed from bytes
         if sha != spec.trace_sha256:
-            raise ValueError(f"{spec.trace_path}: trace changed since the sweep started")
+            raise StudyError(f"{spec.trace_path}: trace changed since the sweep started")
         conf["trace"], conf["trace_sha256"] = spec.trace_path, sha
         files["config.json"] = json_bytes(conf)
         return JobResult(spec.name, True, files)

@@ -52,7 +52,8 @@ def test_bad_file_one_line_exit_2(
     assert code == 2
     assert out == ""
     assert err.endswith("\n") and err.count("\n") == 1
-    m = ERROR_LINE.match(err.rstrip("\n"))
+    assert err.startswith("hicache-sim: ")  # the one error prefix of every command
+    m = ERROR_LINE.match(err.rstrip("\n").removeprefix("hicache-sim: "))
     assert m is not None
     assert (m["path"], m["line"], m["field"]) == (str(path), "3", "hash_ids")
 
@@ -99,7 +100,7 @@ def test_convert_error(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> No
     src.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0,100,1\n1,abc,1\n")
     code, _, err = run(capsys, "convert", str(src), str(tmp_path / "o.jsonl"))
     assert code == 2
-    assert err == f"{src}:3: num_prefill_tokens: not a number: 'abc'\n"
+    assert err == f"hicache-sim: {src}:3: num_prefill_tokens: not a number: 'abc'\n"
     assert not (tmp_path / "o.jsonl").exists()
 
 
@@ -142,7 +143,7 @@ def test_gen_bad_parameter(capsys: pytest.CaptureFixture[str], tmp_path: Path) -
         capsys, "gen", "shared-prefix", "--prefixes", "0", "--out", str(tmp_path / "x.jsonl")
     )
     assert code == 2
-    assert err == "trace gen: prefixes must be > 0, got 0\n"
+    assert err == "hicache-sim: trace gen: prefixes must be > 0, got 0\n"
 
 
 def test_register_into_parent_parser(tmp_path: Path) -> None:
