@@ -539,17 +539,27 @@ def _defects_line(s: dict[str, Any]) -> str:
 
 
 def _fleet_line(s: dict[str, Any]) -> str:
-    """One line for a cluster: the router, how evenly it loaded the instances, and the
-    spread of their hit rates and TTFT p90."""
-    per = s["per_instance"]
+    """One line for a cluster: the router, how evenly it loaded the instances (idle ones
+    named), and the spread of their hit rates and TTFT p90 over the instances that served."""
+    per = [p for p in s["per_instance"] if p["requests"]]
     hits = [p["hit_rate"] for p in per]
     p90 = [p["ttft_p90_s"] for p in per if p["ttft_p90_s"] == p["ttft_p90_s"]]
     spread = f"TTFT p90 {_duration(min(p90))} - {_duration(max(p90))}" if p90 else "no TTFT"
-    return (
-        f"instances {s['instances']} ({s['router']}): load imbalance "
-        f"{s['imbalance_requests']:.2f}x requests, {s['imbalance_prompt_tokens']:.2f}x prompt "
-        f"tokens; hit rate {min(hits):.1%} - {max(hits):.1%}; {spread}"
+    n, idle = s["instances"], s.get("idle_instances", [])
+    line = (
+        f"instances {n} ({s['router']}): load imbalance {s['imbalance_requests']:.2f}x "
+        f"requests, {s['imbalance_prompt_tokens']:.2f}x prompt tokens (1 = even, {n} = one "
+        f"instance took all)"
     )
+    if hits:
+        line += f"; hit rate {min(hits):.1%} - {max(hits):.1%}; {spread}"
+    if idle:
+        shown = ", ".join(map(str, idle[:8])) + (", ..." if len(idle) > 8 else "")
+        line += (
+            f"\nwarning: {len(idle)} of {n} instances got no request ({shown}): the "
+            f"{s['router']} router used {n - len(idle)}; adding instances changes nothing for it"
+        )
+    return line
 
 
 __all__ = ["REPO_DATA", "format_hitrate_table", "format_summary", "register"]

@@ -421,7 +421,7 @@ def run_simulation(
     summary["sglang_version"] = cfg.sglang.version
     summary.update(storage_summary(engine, frames))
     if cfg.cluster.instances > 1:
-        summary.update(fleet_summary(frames, duration, cfg.router.policy))
+        summary.update(fleet_summary(frames, duration, cfg.router.policy, cfg.cluster.instances))
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         conf = {
@@ -450,38 +450,49 @@ def run_simulation(
     return summary
 
 
-def fleet_summary(frames: dict[str, Any], duration: float, policy: str) -> dict[str, Any]:
+def fleet_summary(
+    frames: dict[str, Any], duration: float, policy: str, instances: int
+) -> dict[str, Any]:
     """What a cluster adds to ``summary.json``: the instance count and router, each instance's
-    own summary (hit rates, latencies and its own overload check, ``per_instance``), the load
-    imbalance (most-loaded instance's routed requests and prompt tokens over the mean: 1 =
-    even), and ``overloaded`` if any instance is (with the instances named)."""
+    own summary (hit rates, latencies and its own overload check, ``per_instance``; an
+    instance the router sent nothing is there too, with ``requests`` 0), the instances that got
+    no request (``idle_instances``), the load imbalance (most-loaded instance's routed requests
+    and prompt tokens over the mean of all ``instances``: 1 = even, ``instances`` = one took
+    everything), and ``overloaded`` if any instance is (with the instances named)."""
     req, tr = frames["requests"], frames["transfers"]
+    parts = dict(iter(req.groupby("instance", sort=True)))
     per = []
-    for i, part in req.groupby("instance", sort=True):
+    for i in range(instances):
+        part = parts.get(i, req.iloc[0:0])
         own = {"requests": part.reset_index(drop=True), "transfers": tr[tr["instance"] == i]}
         one = summarize(own, duration, 0.0)
         one.pop("wall_time_s", None)
-        per.append({"instance": int(i), **one})
-    n = len(per)
+        per.append({"instance": i, **one})
     counts = [p["requests"] for p in per]
     tokens = [p["prompt_tokens"] for p in per]
     over = [p["instance"] for p in per if p["overloaded"]]
+    idle = [p["instance"] for p in per if p["requests"] == 0]
     out: dict[str, Any] = {
-        "instances": n,
+        "instances": instances,
         "router": policy,
         "per_instance": per,
-        "imbalance_requests": max(counts) * n / sum(counts) if sum(counts) else 1.0,
-        "imbalance_prompt_tokens": max(tokens) * n / sum(tokens) if sum(tokens) else 1.0,
+        "idle_instances": idle,
+        "imbalance_requests": max(counts) * instances / sum(counts) if sum(counts) else 1.0,
+        "imbalance_prompt_tokens": max(tokens) * instances / sum(tokens) if sum(tokens) else 1.0,
         "overloaded_instances": over,
     }
     if over:
         out["overloaded"] = True
         out["overload_message"] = (
-            f"overloaded: {len(over)} of {n} instances ({', '.join(map(str, over[:8]))}"
-            f"{', ...' if len(over) > 8 else ''}) cannot keep up with what the "
-            f"{policy} router sends them; more instances or another router would"
+            f"overloaded: {len(over)} of {instances} instances ({_first(over)}) cannot keep up "
+            f"with what the {policy} router sends them; more instances or another router would"
         )
     return out
+
+
+def _first(items: list[int], most: int = 8) -> str:
+    """``0, 3, 5`` (at most ``most`` of them, then ``...``)."""
+    return ", ".join(map(str, items[:most])) + (", ..." if len(items) > most else "")
 
 
 def chrome_trace(engine: Engine) -> dict[str, Any]:

@@ -135,6 +135,28 @@ def test_cluster_run_directory_and_fleet_summary(tmp_path: Path) -> None:
     assert set(tl["instance"]) == {0, 1, 2}
 
 
+def test_idle_instances_are_counted_and_named() -> None:
+    """One conversation behind session affinity on 4 instances: the router uses one; the
+    summary still has all 4 (3 idle, named) and the imbalance is against 4, not 1."""
+    from traces.schema import Trace
+
+    full = read_trace(MULTI)
+    first = full.requests[0].session_id
+    trace = Trace([r for r in full if r.session_id == first], full.header, full.path)
+    cfg = load_config(None, ["gpu.device_tokens=16384", "cluster.instances=4",
+                             "router.policy=session_affinity"])  # fmt: skip
+    s = run_simulation(cfg, trace, None, progress=False)
+    assert s["instances"] == 4 and len(s["per_instance"]) == 4
+    busy = [p["instance"] for p in s["per_instance"] if p["requests"]]
+    assert len(busy) == 1
+    assert s["idle_instances"] == sorted(set(range(4)) - set(busy))
+    assert s["imbalance_requests"] == pytest.approx(4.0)
+    from cli.run import _fleet_line
+
+    line = _fleet_line(s)
+    assert "3 of 4 instances got no request" in line and "router used 1" in line
+
+
 def test_one_instance_summary_has_no_fleet_keys(tmp_path: Path) -> None:
     trace = read_trace(MULTI)
     s = run_simulation(load_config(None, ["gpu.device_tokens=16384"]), trace, None, False)
