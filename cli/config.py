@@ -24,14 +24,20 @@ __all__ = ["Resolved", "add_config_options", "register", "resolve_config"]
 
 SGLANG_ARGS_HELP = (
     "an SGLang launch command's flags, quoted as one argument (e.g. \"--page-size 64 "
-    '--enable-hierarchical-cache --hicache-ratio 2"); every flag the simulator models sets '
-    "its config key, the others are listed as ignored; --set wins over it (a single flag: "
-    "--sglang-args=--enable-hierarchical-cache)"
+    '--enable-hierarchical-cache --hicache-ratio 2"), read as the chosen SGLang version '
+    "(sglang.version) parses them: a flag it does not have is refused (see --lenient); every "
+    "flag the simulator models sets its config key, the others are listed as ignored; --set "
+    "wins over it (a single flag: --sglang-args=--enable-hierarchical-cache)"
+)
+LENIENT_HELP = (
+    "accept SGLang flags the chosen SGLang version does not know (listed as ignored) and skip "
+    "malformed trace lines (counted)"
 )
 
 
 def add_config_options(p: argparse.ArgumentParser, *, profile_flag: bool = False) -> None:
-    """``--config``, ``--sglang-args``, ``--set`` (and ``--allow-profile-mismatch``) on ``p``."""
+    """``--config``, ``--sglang-args``, ``--set``, ``--sglang-version``, ``--lenient`` (and
+    ``--allow-profile-mismatch``) on ``p``."""
     p.add_argument(
         "--config", type=Path, metavar="FILE",
         help="TOML config file of [section] key = value (every key, its default and meaning: "
@@ -48,6 +54,7 @@ def add_config_options(p: argparse.ArgumentParser, *, profile_flag: bool = False
         help="the SGLang release whose cache decides (sglang.version; choices: "
         f"{', '.join(SGLANG_VERSIONS)}; what differs: hicache-sim config keys)",
     )  # fmt: skip
+    p.add_argument("--lenient", action="store_true", help=LENIENT_HELP)
     if profile_flag:
         p.add_argument(
             "--allow-profile-mismatch", action="store_true",
@@ -81,7 +88,11 @@ def resolve_config(args: argparse.Namespace, extra: Sequence[tuple[str, str]] = 
     mapped = SglangArgs()
     if getattr(args, "sglang_args", None):
         try:
-            mapped = parse_sglang_args(args.sglang_args)
+            mapped = parse_sglang_args(
+                args.sglang_args,
+                version=_version_before_flags(args),
+                lenient=getattr(args, "lenient", False),
+            )
         except ValueError as e:
             raise UserError(f"--sglang-args: {e}") from None
     given = dict(extra)
@@ -128,6 +139,29 @@ def resolve_config(args: argparse.Namespace, extra: Sequence[tuple[str, str]] = 
             "absolute times are not this GPU's"
         )
     return Resolved(cfg, notes)
+
+
+def _version_before_flags(args: argparse.Namespace) -> str:
+    """The ``sglang.version`` whose flags ``--sglang-args`` is read with, as the config will
+    resolve it: ``--sglang-version``, else the last ``--set sglang.version=``, else the
+    ``--config`` file's, else the default. A bad value gives the default here; loading the
+    config then names it."""
+    import tomllib
+
+    from hicache.versions import DEFAULT_SGLANG_VERSION
+
+    version: Any = getattr(args, "sglang_version", None)
+    for item in reversed(getattr(args, "overrides", None) or []):
+        key, _, value = item.partition("=")
+        if version is None and key.strip() == "sglang.version":
+            version = value.strip().strip("'\"")
+    if version is None and getattr(args, "config", None):
+        try:
+            data = tomllib.loads(Path(args.config).read_text(encoding="utf-8"))
+            version = data.get("sglang", {}).get("version")
+        except (OSError, tomllib.TOMLDecodeError, AttributeError):
+            version = None
+    return version if version in SGLANG_VERSIONS else DEFAULT_SGLANG_VERSION
 
 
 # --- config keys / config sglang -------------------------------------------------------------

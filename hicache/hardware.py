@@ -19,11 +19,17 @@ from typing import TypeVar
 # The model half lives in hicache.models (ModelSpec, KV and weight bytes) and hicache.model_config
 # (HF config.json parsing, the presets in hicache/model_configs/); re-exported here.
 from hicache.model_config import MODELS as MODELS
+from hicache.model_config import find_name, unknown_name
 from hicache.model_config import get_model as get_model
 from hicache.model_config import load_model_config as load_model_config
+from hicache.model_config import preset_name as preset_name
+from hicache.models import AUTO_DTYPE as AUTO_DTYPE
+from hicache.models import KV_DTYPE_BYTES as KV_DTYPE_BYTES
+from hicache.models import WEIGHT_DTYPE_BYTES as WEIGHT_DTYPE_BYTES
 from hicache.models import ModelSpec as ModelSpec
 from hicache.models import kv_bytes_per_token as kv_bytes_per_token
 from hicache.models import weight_bytes_per_rank as weight_bytes_per_rank
+from hicache.models import with_dtypes as with_dtypes
 
 _T = TypeVar("_T")
 
@@ -124,19 +130,27 @@ LINKS: dict[str, LinkSpec] = {
 
 
 def _lookup(table: dict[str, _T], kind: str, name: str) -> _T:
-    try:
-        return table[name]
-    except KeyError:
-        raise ValueError(f"unknown {kind} {name!r}; choices: {', '.join(sorted(table))}") from None
+    found = find_name(name, table, prefix=True)
+    if found is None:
+        raise unknown_name(kind, name, table)
+    return table[found]
+
+
+def gpu_name(name: str) -> str:
+    """The GPU preset ``name`` stands for: itself, case aside (``H200``), or the only preset it
+    begins (``H100`` -> ``h100-sxm``); ``ValueError`` with the closest presets otherwise."""
+    return get_gpu(name).name
 
 
 def get_gpu(name: str) -> GpuSpec:
-    """The preset called ``name``; ``ValueError`` listing the choices otherwise."""
+    """The preset called ``name`` (see :func:`gpu_name`); ``ValueError`` with the closest
+    choices otherwise."""
     return _lookup(GPUS, "gpu", name)
 
 
 def get_link(name: str) -> LinkSpec:
-    """The preset called ``name``; ``ValueError`` listing the choices otherwise."""
+    """The preset called ``name`` (as :func:`get_gpu` finds it); ``ValueError`` with the
+    closest choices otherwise."""
     return _lookup(LINKS, "link", name)
 
 

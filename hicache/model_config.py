@@ -34,9 +34,10 @@ Standard library only. Errors a user can cause raise ``ValueError`` naming the f
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -312,19 +313,73 @@ def _looks_like_path(name: str) -> bool:
     )
 
 
+def _normal(name: str) -> str:
+    return name.strip().lower().replace("_", "-").replace(" ", "-")
+
+
+def find_name(name: str, names: Iterable[str], *, prefix: bool = False) -> str | None:
+    """The preset name ``name`` stands for among ``names``: itself, the one it equals ignoring
+    case (and ``_``/space for ``-``: ``H200`` -> ``h200``), or with ``prefix`` the only one it
+    begins (``H100`` -> ``h100-sxm``); None when there is none or several."""
+    names = list(names)
+    if name in names:
+        return name
+    key = _normal(name)
+    same = [n for n in names if _normal(n) == key]
+    if len(same) == 1:
+        return same[0]
+    if prefix and key:
+        starts = [n for n in names if _normal(n).startswith(key)]
+        if len(starts) == 1:
+            return starts[0]
+    return None
+
+
+def or_list(names: Sequence[str]) -> str:
+    """``a``, ``a or b``, ``a, b or c``."""
+    return " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else list(names))
+
+
+def unknown_name(kind: str, name: str, names: Iterable[str], extra: str = "") -> ValueError:
+    """``ValueError``: ``unknown KIND 'NAME'; did you mean ...? choices: ...`` (the closest
+    names by :func:`difflib.get_close_matches`, ignoring case), ``extra`` appended."""
+    names = sorted(names)
+    by_key = {_normal(n): n for n in names}
+    close = [by_key[k] for k in difflib.get_close_matches(_normal(name), by_key, n=3, cutoff=0.6)]
+    hint = f"did you mean {or_list(close)}? " if close else ""
+    return ValueError(f"unknown {kind} {name!r}; {hint}choices: {', '.join(names)}{extra}")
+
+
+def preset_name(name: str) -> str | None:
+    """The model preset ``name`` stands for, case aside (``Qwen3-32B`` -> ``qwen3-32b``), or
+    None."""
+    return find_name(name, MODELS)
+
+
 def get_model(name_or_path: str | os.PathLike[str]) -> ModelSpec:
-    """The preset called ``name_or_path``, or the model of a HF ``config.json`` at that path (a
-    file or a directory holding one; relative, absolute or ``~``). ``ValueError`` listing the
-    presets for an unknown name, or from :func:`load_model_config` for a bad file."""
+    """The preset called ``name_or_path`` (case aside), or the model of a HF ``config.json`` at
+    that path (a file or a directory holding one; relative, absolute or ``~``). ``ValueError``
+    with the closest presets for an unknown name, or from :func:`load_model_config` for a bad
+    file."""
     name = os.fspath(name_or_path)
     if name in MODELS:
         return MODELS[name]
     if _looks_like_path(name):
         return load_model_config(name)
-    raise ValueError(
-        f"unknown model {name!r}; choices: {', '.join(sorted(MODELS))} "
-        "(or the path of a Hugging Face config.json)"
-    )
+    preset = preset_name(name)
+    if preset is not None:
+        return MODELS[preset]
+    raise unknown_name("model", name, MODELS, " (or the path of a Hugging Face config.json)")
 
 
-__all__ = ["MODELS", "MODEL_CONFIG_DIR", "get_model", "load_model_config", "load_presets"]
+__all__ = [
+    "MODELS",
+    "MODEL_CONFIG_DIR",
+    "find_name",
+    "get_model",
+    "load_model_config",
+    "load_presets",
+    "or_list",
+    "preset_name",
+    "unknown_name",
+]

@@ -12,6 +12,7 @@ Standard library only. Sizes are bytes.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 # ---------------------------------------------------------------------------------------------
@@ -302,4 +303,56 @@ def weight_bytes_per_rank(model: ModelSpec, tp: int = 1) -> float:
     return body * w / tp + rep * w + emb * 2 / tp
 
 
-__all__ = ["ModelSpec", "kv_bytes_per_token", "replicated_params", "weight_bytes_per_rank"]
+# ---------------------------------------------------------------------------------------------
+# Served dtypes (model.kv_dtype, model.weight_dtype)
+# ---------------------------------------------------------------------------------------------
+
+#: ``model.kv_dtype`` -> bytes per KV element. The names are SGLang's ``--kv-cache-dtype``
+#: values (``bfloat16`` is its alias of ``bf16``); an FP8 element is one byte
+#: (``torch.float8_e4m3fn`` / ``float8_e5m2``, 0.5.14 ``model_runner.py:2357-2366``). SGLang's FP4
+#: and MX recipes carry per-block scales and are not modelled.
+KV_DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1}
+
+#: ``model.weight_dtype`` -> bytes per weight as served: 16-bit, FP8 (a ``-FP8`` checkpoint or
+#: ``--quantization fp8``), 8-bit integer (GPTQ-Int8, W8A8-INT8) and 4-bit (AWQ, GPTQ-Int4).
+#: **[model]** Quantization scales and zero points (about 0.1-0.3 bit per weight at group size
+#: 128) are left out.
+WEIGHT_DTYPE_BYTES: dict[str, float] = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0,
+                                        "int4": 0.5}  # fmt: skip
+
+#: The value of either key that keeps the model's own dtype (SGLang's ``auto``: the checkpoint's
+#: ``torch_dtype`` for the KV cache, bf16 for every preset; its quantization for the weights).
+AUTO_DTYPE = "auto"
+
+
+def with_dtypes(model: ModelSpec, kv_dtype: str = AUTO_DTYPE,
+                weight_dtype: str = AUTO_DTYPE) -> ModelSpec:  # fmt: skip
+    """``model`` served with KV elements of ``kv_dtype`` and weights of ``weight_dtype`` (keys
+    of :data:`KV_DTYPE_BYTES` / :data:`WEIGHT_DTYPE_BYTES`, or ``auto`` to keep the model's).
+    The shape and parameter counts are unchanged; ``ValueError`` names an unknown dtype."""
+    kv, w = model.dtype_bytes, model.weight_dtype_bytes
+    if kv_dtype != AUTO_DTYPE:
+        if kv_dtype not in KV_DTYPE_BYTES:
+            raise ValueError(f"unknown KV dtype {kv_dtype!r}; choose one of auto, "
+                             f"{', '.join(KV_DTYPE_BYTES)}")  # fmt: skip
+        kv = KV_DTYPE_BYTES[kv_dtype]
+    if weight_dtype != AUTO_DTYPE:
+        if weight_dtype not in WEIGHT_DTYPE_BYTES:
+            raise ValueError(f"unknown weight dtype {weight_dtype!r}; choose one of auto, "
+                             f"{', '.join(WEIGHT_DTYPE_BYTES)}")  # fmt: skip
+        w = WEIGHT_DTYPE_BYTES[weight_dtype]
+    if (kv, w) == (model.dtype_bytes, model.weight_dtype_bytes):
+        return model
+    return dataclasses.replace(model, dtype_bytes=kv, weight_dtype_bytes=w)
+
+
+__all__ = [
+    "AUTO_DTYPE",
+    "KV_DTYPE_BYTES",
+    "WEIGHT_DTYPE_BYTES",
+    "ModelSpec",
+    "kv_bytes_per_token",
+    "replicated_params",
+    "weight_bytes_per_rank",
+    "with_dtypes",
+]

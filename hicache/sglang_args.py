@@ -1,11 +1,16 @@
 """SGLang's launch flags <-> the simulator's config.
 
 :func:`parse_sglang_args` reads the flags of an SGLang 0.5.x launch command (``python -m
-sglang.launch_server --model-path ... --page-size 64 --enable-hierarchical-cache ...``) and
-returns the ``section.key=value`` overrides they mean (:data:`FLAGS`: every flag the simulator
-models, with its config key and conversion), and every other flag with the reason it is
-ignored (:data:`IGNORED`; a flag in neither table is reported as unknown). :func:`sglang_flags`
-goes the other way: a resolved config as the flags to paste into a launch command.
+sglang.launch_server --model-path ... --page-size 64 --enable-hierarchical-cache ...``) as the
+chosen SGLang version's own parser would: a flag that version does not have (a typo, another
+release's flag) is refused with the closest real ones, unless ``lenient`` (then it is listed as
+ignored); a unique prefix stands for its flag (``--tp`` is ``--tp-size``), as argparse allows.
+The flags of each version are data, extracted from its wheel (``hicache/data/sglang_flags/``,
+:func:`server_flags`). It returns the ``section.key=value`` overrides they mean
+(:data:`FLAGS`: every flag the simulator models, with its config key and conversion), and every
+other flag with the reason it is ignored (:data:`IGNORED`, or "not modelled").
+:func:`sglang_flags` goes the other way: a resolved config as the flags to paste into a launch
+command.
 
 Flags absent from the command keep the simulator's defaults (``hicache-sim config keys``), except
 ``--enable-hierarchical-cache``: a command without it runs SGLang's plain radix cache, so the
@@ -16,6 +21,8 @@ Standard library only (plus the model presets of :mod:`hicache.hardware`).
 
 from __future__ import annotations
 
+import difflib
+import functools
 import json
 import math
 import re
@@ -23,23 +30,98 @@ import shlex
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from hicache.hardware import MODELS
+from hicache.model_config import or_list
+from hicache.versions import DEFAULT_SGLANG_VERSION, SGLANG_VERSIONS, check_version
 
 __all__ = [
     "FLAGS",
     "IGNORED",
     "MODEL_IDS",
     "Flag",
+    "ModelMatch",
     "SglangArgs",
     "flag_for_key",
     "format_sglang_command",
     "key_flags",
+    "match_model",
     "model_preset",
     "parse_sglang_args",
+    "server_flags",
     "sglang_flags",
 ]
+
+
+# --- the flags each SGLang version has ---------------------------------------------------------
+
+#: ``<version>.txt``: one flag per line, ``--name`` (takes a value), ``--name switch`` (none) or
+#: ``--name list`` (one or more), written from the wheel by ``conformance/sglang_flags.py``.
+FLAG_DIR = Path(__file__).resolve().parent / "data" / "sglang_flags"
+
+
+@functools.cache
+def server_flags(version: str) -> Mapping[str, str]:
+    """Every server flag SGLang ``version`` accepts (aliases included) -> its arity: ``""``
+    (one value), ``"switch"`` (no value) or ``"list"`` (one or more values). ``ValueError``
+    for a version that is not supported."""
+    check_version(version)
+    flags: dict[str, str] = {}
+    for line in (FLAG_DIR / f"{version}.txt").read_text(encoding="utf-8").splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, _, arity = line.partition(" ")
+            flags[name] = arity.strip()
+    return flags
+
+
+#: Flags of no supported version that users still write, and what to write instead.
+_RETIRED = {
+    "--hicache-storage-backend-prefetch-threshold": "an older release's flag; 0.5.14 and 0.5.23 "
+    "read --hicache-storage-backend-extra-config '{\"prefetch_threshold\": N}'",
+}
+
+
+def _closest(given: str, names: Sequence[str] | Mapping[str, str], n: int = 3) -> list[str]:
+    """Up to ``n`` names closest to ``given`` (difflib's ratio, 0.6 at least), each compared
+    whole and, when the first letters agree, cut to ``given``'s length, so a typo in an
+    abbreviation finds its flag (``--tpp`` -> ``--tp-size``)."""
+    scored = []
+    for name in names:
+        score = difflib.SequenceMatcher(None, given, name).ratio()
+        if name[:3] == given[:3]:  # the whole name wins a tie
+            cut = difflib.SequenceMatcher(None, given, name[: len(given)]).ratio()
+            score = max(score, cut * 0.95)
+        if score >= 0.6:
+            scored.append((-score, name))
+    return [name for _, name in sorted(scored)[:n]]
+
+
+def _resolve_flag(given: str, version: str) -> str:
+    """The flag of SGLang ``version`` that ``given`` names: itself, or the only flag it is a
+    prefix of (argparse's ``allow_abbrev``, on in SGLang's parser: ``--tp`` is ``--tp-size``).
+    ``ValueError`` (one line) for a flag the version does not have, with the version that has
+    it or the closest names, and for a prefix of several flags (argparse refuses it too)."""
+    known = server_flags(version)
+    if given in known:
+        return given
+    starts = [name for name in known if name.startswith(given)] if len(given) > 2 else []
+    if len(starts) == 1:
+        return starts[0]
+    if starts:
+        raise ValueError(f"{given}: ambiguous in SGLang {version}: {or_list(sorted(starts)[:6])}"
+                         f"{', ...' if len(starts) > 6 else ''}")  # fmt: skip
+    others = [v for v in SGLANG_VERSIONS if v != version and given in server_flags(v)]
+    if others:
+        raise ValueError(
+            f"{given}: not a flag of SGLang {version} (SGLang {or_list(others)} has it; choose "
+            f"that release with --sglang-version {others[-1]})"
+        )
+    if given in _RETIRED:
+        raise ValueError(f"{given}: not a flag of SGLang {version} ({_RETIRED[given]})")
+    close = _closest(given, known)
+    hint = f"; did you mean {or_list(close)}?" if close else ""
+    raise ValueError(f"{given}: not a flag of SGLang {version}{hint}")
 
 
 # --- conversions: the SGLang value (text) -> the --set value (text) ---------------------------
@@ -74,8 +156,30 @@ def _text(flag: str, text: str) -> str:
     return text
 
 
-def _model(flag: str, text: str) -> str:
-    return model_preset(text, flag)
+#: ``--kv-cache-dtype`` values -> ``model.kv_dtype`` (``bfloat16`` is SGLang's alias of bf16).
+KV_CACHE_DTYPES = {"auto": "auto", "bf16": "bf16", "bfloat16": "bf16", "fp8_e4m3": "fp8_e4m3",
+                   "fp8_e5m2": "fp8_e5m2"}  # fmt: skip
+
+
+def _kv_dtype(flag: str, text: str) -> str:
+    dtype = KV_CACHE_DTYPES.get(text)
+    if dtype is None:
+        close = difflib.get_close_matches(text, KV_CACHE_DTYPES, n=2, cutoff=0.5)
+        hint = f" (did you mean {or_list(close)}?)" if close else ""
+        raise ValueError(
+            f"{flag} {text}: not modelled{hint}; modelled: {', '.join(KV_CACHE_DTYPES)} (SGLang's "
+            "FP4 and MX recipes keep per-block scales the simulator does not size)"
+        )
+    return dtype
+
+
+#: ``--quantization`` methods -> the weight width (``model.weight_dtype``) they serve at. AWQ and
+#: GPTQ read the width from the checkpoint: 4-bit unless its name says ``Int8``.
+QUANT_WIDTHS = {
+    "fp8": "fp8", "w8a8_fp8": "fp8", "modelopt_fp8": "fp8", "fbgemm_fp8": "fp8",
+    "w8a8_int8": "int8",
+    "awq": "", "awq_marlin": "", "gptq": "", "gptq_marlin": "", "moe_wna16": "",
+}  # fmt: skip
 
 
 #: SGLang storage backend names -> the preset that stands for them (STORAGE_BACKENDS).
@@ -136,12 +240,16 @@ class Flag:
 
 #: Every SGLang flag the simulator models -> its config key.
 FLAGS: tuple[Flag, ...] = (
-    Flag(("--model-path", "--model"), "model.name", _model,
+    Flag(("--model-path", "--model"), "model.name", _text,
          "a Hugging Face id or local path, mapped to a model preset"),
-    Flag(("--tp-size", "--tp"), "model.tp", _int),
+    Flag(("--tp-size", "--tensor-parallel-size"), "model.tp", _int, "--tp: an abbreviation"),
+    Flag(("--kv-cache-dtype",), "model.kv_dtype", _kv_dtype,
+         "auto, bf16/bfloat16, fp8_e4m3, fp8_e5m2"),
+    Flag(("--quantization",), "model.weight_dtype", _text,
+         "fp8, w8a8_fp8, modelopt_fp8: 1-byte weights; w8a8_int8; awq/gptq: the checkpoint's bits"),
     Flag(("--page-size",), "cache.page_size", _int),
-    Flag(("--enable-hierarchical-cache",), "cache.enable_host", None,
-         "absent: the host tier is off, as in SGLang"),
+    Flag(("--enable-hierarchical-cache", "--enable-hicache"), "cache.enable_host", None,
+         "absent: the host tier is off, as in SGLang (--enable-hicache: 0.5.23's alias)"),
     Flag(("--hicache-ratio",), "cache.hicache_ratio", _float),
     Flag(("--hicache-size",), "cache.hicache_size_gb", _float,
          "GB per rank; > 0 wins over the ratio"),
@@ -164,8 +272,6 @@ FLAGS: tuple[Flag, ...] = (
     Flag(("--hicache-storage-backend",), "storage.backend", _storage_backend,
          "file, hf3fs (preset 3fs) or mooncake; others have no preset"),
     Flag(("--hicache-storage-prefetch-policy",), "storage.prefetch_policy", _text),
-    Flag(("--hicache-storage-backend-prefetch-threshold",), "storage.prefetch_threshold", _int,
-         "older releases' flag; 0.5.14 reads extra-config prefetch_threshold"),
 )  # fmt: skip
 
 #: SGLang 0.5.19+'s host mode: ``cache`` (the default, modelled) or ``buffer_only`` (not).
@@ -178,21 +284,15 @@ _BY_NAME: dict[str, Flag] = {n: f for f in FLAGS for n in f.names}
 
 _NO_EFFECT = "no effect on what the simulator models (cache, copies, scheduling)"
 _COMPUTE = "compute times come from the latency profile, not from kernel settings"
-_SWITCHES = (
-    "--trust-remote-code", "--skip-tokenizer-init", "--enable-metrics", "--log-requests",
-    "--disable-cuda-graph", "--enable-torch-compile", "--enable-mixed-chunk",
-    "--enable-dp-attention", "--disable-radix-cache", "--disable-overlap-schedule",
-    "--enable-cache-report", "--disable-custom-all-reduce",
-)  # fmt: skip
+_NOT_MODELLED = "not modelled by hicache-sim"
 
-#: SGLang flags that are deliberately ignored -> why.
+#: SGLang flags that are deliberately ignored -> why (any other flag of the version: "not
+#: modelled").
 IGNORED: dict[str, str] = {
     "--disable-radix-cache": "not modelled: the simulator always runs the radix cache",
-    "--kv-cache-dtype": "KV bytes per token come from the model preset (bf16 KV)",
-    "--dtype": "weights and KV dtypes come from the model preset",
-    "--quantization": "weights and KV dtypes come from the model preset",
+    "--dtype": "every model is served in 16 bits (bf16 and fp16 take the same bytes); the KV "
+    "and weight widths are --kv-cache-dtype and model.weight_dtype",
     "--dp-size": "one data-parallel replica is simulated",
-    "--dp": "one data-parallel replica is simulated",
     "--enable-dp-attention": "one data-parallel replica is simulated",
     "--ep-size": "expert parallelism is not modelled",
     "--pp-size": "pipeline parallelism is not modelled",
@@ -203,7 +303,8 @@ IGNORED: dict[str, str] = {
     "--cuda-graph-max-bs": _COMPUTE,
     "--disable-cuda-graph": _COMPUTE,
     "--enable-torch-compile": _COMPUTE,
-    "--enable-mixed-chunk": _COMPUTE,
+    "--enable-mixed-chunk": "not modelled: a prefill batch and the decode batch run as separate "
+    "forwards (sim/scheduler.py), as in SGLang without this flag",
     "--disable-overlap-schedule": "the overlap scheduler's CPU/GPU overlap is not modelled",
     "--disable-custom-all-reduce": _COMPUTE,
     "--host": _NO_EFFECT,
@@ -260,25 +361,78 @@ _MODEL_PATTERNS = (
 )
 
 
-def model_preset(path: str, flag: str = "--model-path") -> str:
-    """The ``hicache.hardware`` model preset of a Hugging Face id or local path
-    (``meta-llama/Meta-Llama-3-8B-Instruct`` -> ``llama-3-8b``); ``ValueError`` listing the
-    presets when there is none."""
+# A quantized checkpoint's name suffix -> its weight width (model.weight_dtype): FP8 (Qwen's and
+# NVIDIA's -FP8, -FP8-Dynamic), 8-bit (GPTQ-Int8, W8A8) and 4-bit (AWQ, GPTQ, GPTQ-Int4, W4A16).
+_QUANT_SUFFIXES = (
+    (r"-fp8\b", "fp8", "FP8"),
+    (r"-gptq-int8\b|-int8\b|-w8a8\b|-8bit\b", "int8", "8-bit"),
+    (r"-awq\b|-gptq(-int4)?\b|-int4\b|-w4a16\b|-4bit\b", "int4", "4-bit"),
+)
+# quantizations whose bytes the simulator cannot size from the name (block scales, GGUF mixes)
+_UNSIZED = r"-(nvfp4|mxfp4|fp4|gguf|exl2)\b"
+
+
+class ModelMatch(NamedTuple):
+    """What ``--model-path`` stands for: the ``model.name`` value (a preset, or a checkpoint
+    folder holding ``config.json``), the weight width its name implies (``""``: the model's
+    own) and how it was found (``"preset"``, ``"checkpoint"`` or ``"name"``: by pattern)."""
+
+    model: str
+    weight_dtype: str
+    how: str
+
+    def note(self, path: str) -> str | None:
+        """The note a user should read about this match, or None."""
+        if self.how != "name":
+            return None
+        width = f" with {self.weight_dtype} weights (model.weight_dtype={self.weight_dtype})"
+        return (
+            f"--model-path {path}: matched preset {self.model} by name"
+            f"{width if self.weight_dtype else ''}; give a checkpoint folder with config.json "
+            "for its exact shape"
+        )
+
+
+def match_model(path: str, flag: str = "--model-path") -> ModelMatch:
+    """The model a Hugging Face id or local path stands for: a preset by its name (any case), a
+    folder holding ``config.json`` (read as is), or a preset whose name pattern matches the last
+    path component (``meta-llama/Meta-Llama-3-8B-Instruct`` -> ``llama-3-8b``), with the weight
+    width a quantized checkpoint's suffix gives (``Qwen/Qwen3-32B-FP8`` -> ``qwen3-32b``,
+    ``fp8``; AWQ and GPTQ 4-bit, GPTQ-Int8 8-bit). ``ValueError`` listing the presets when
+    there is none, or for a quantization whose bytes the name does not give."""
     if path in MODELS:
-        return path
+        return ModelMatch(path, "", "preset")
     local = Path(path).expanduser()
     if (local / "config.json").is_file():  # a local checkpoint: read its config.json
-        return str(local)
+        return ModelMatch(str(local), "", "checkpoint")
     name = path.rstrip("/").rsplit("/", 1)[-1].lower().replace("_", "-")
+    exact = {hf_id.lower(): preset for preset, hf_id in MODEL_IDS.items()}
+    if path.lower() in exact:  # the checkpoint the preset's config.json is
+        return ModelMatch(exact[path.lower()], "", "preset")
+    if path.lower() in MODELS:
+        return ModelMatch(path.lower(), "", "preset")
     name = name.removeprefix("meta-")
-    for pattern, preset in _MODEL_PATTERNS:
-        if re.search(pattern, name) and preset in MODELS:
-            return preset
-    raise ValueError(
-        f"{flag}: {path!r} is not a model the simulator has a preset for; presets: "
-        f"{', '.join(MODELS)} (set one with --set model.name=NAME, or a checkpoint folder with "
-        "its config.json)"
-    )
+    preset = next((p for pattern, p in _MODEL_PATTERNS if re.search(pattern, name)), None)
+    if preset is None or preset not in MODELS:
+        raise ValueError(
+            f"{flag}: {path!r} is not a model the simulator has a preset for; presets: "
+            f"{', '.join(MODELS)} (set one with --set model.name=NAME, or a checkpoint folder "
+            "with its config.json)"
+        )
+    unsized = re.search(_UNSIZED, name)
+    if unsized:
+        raise ValueError(
+            f"{flag}: {path!r}: a {unsized.group(1)} checkpoint, whose weight bytes the name does "
+            "not give; give its checkpoint folder (config.json), or --set "
+            f"model.name={preset} and model.weight_dtype"
+        )
+    width = next((w for pattern, w, _ in _QUANT_SUFFIXES if re.search(pattern, name)), "")
+    return ModelMatch(preset, width, "name")
+
+
+def model_preset(path: str, flag: str = "--model-path") -> str:
+    """The ``model.name`` of a Hugging Face id or local path (:func:`match_model`'s model)."""
+    return match_model(path, flag).model
 
 
 @dataclass
@@ -311,20 +465,58 @@ def _skip_launcher(tokens: list[str]) -> tuple[list[str], list[str]]:
     return tokens, []
 
 
-def parse_sglang_args(args: str | Sequence[str], page_size: int | None = None) -> SglangArgs:
+def _weight_width(
+    widths: Mapping[str, tuple[str, str]], values: dict[str, tuple[str, str]], out: SglangArgs
+) -> None:
+    """``model.weight_dtype`` from ``--quantization`` (a width it names wins) and the
+    checkpoint's name (which gives AWQ's and GPTQ's bits); 4-bit when neither says."""
+    flag, name = widths.get("flag"), widths.get("name")
+    if flag is not None and flag[0]:
+        values["model.weight_dtype"] = flag
+    elif name is not None:
+        values["model.weight_dtype"] = name
+    elif flag is not None:
+        values["model.weight_dtype"] = ("int4", flag[1])
+        out.notes.append(f"{flag[1]}: 4-bit weights assumed (model.weight_dtype=int4); --set "
+                         "model.weight_dtype=int8 for an 8-bit checkpoint")  # fmt: skip
+
+
+def _value(tokens: list[str], i: int, arity: str | None) -> tuple[str | None, int]:
+    """The value after a flag (and the next index): none for a switch, every token up to the next
+    flag for a list, else the next token unless it is a flag. ``arity`` None: a flag the version
+    does not know, taken to have one value when one follows."""
+    if arity == "switch":
+        return None, i
+    j = i
+    while j < len(tokens) and not tokens[j].startswith("--") and (j == i or arity == "list"):
+        j += 1
+    return (" ".join(tokens[i:j]) if j > i else None), j
+
+
+def parse_sglang_args(
+    args: str | Sequence[str],
+    page_size: int | None = None,
+    *,
+    version: str = DEFAULT_SGLANG_VERSION,
+    lenient: bool = False,
+) -> SglangArgs:
     """The config overrides an SGLang launch command means (see the module docstring).
 
     ``args``: the flags as one string (split like a shell) or as a list; a leading launcher
-    (``python -m sglang.launch_server``) is skipped. ``--max-total-tokens`` is rounded down to
-    a multiple of the command's ``--page-size`` (else ``page_size``, else 64). ``ValueError``
-    (one line, naming the flag) for a value that cannot be converted or a model without a
-    preset; ranges are checked when the overrides are loaded (``hicache.config``).
+    (``python -m sglang.launch_server``) is skipped. ``version``: the SGLang release whose flags
+    are read (``sglang.version``); a flag it does not have raises ``ValueError`` with the
+    closest ones, or with ``lenient`` is listed as ignored. ``--max-total-tokens`` is rounded
+    down to a multiple of the command's ``--page-size`` (else ``page_size``, else 64).
+    ``ValueError`` (one line, naming the flag) for a value that cannot be converted or a model
+    without a preset; ranges are checked when the overrides are loaded (``hicache.config``).
     """
+    known = server_flags(version)
     out = SglangArgs()
     launcher, tokens = _skip_launcher(_tokens(args))
     if launcher:
         out.ignored.append((" ".join(launcher), "the launcher, not a flag"))
     values: dict[str, tuple[str, str]] = {}  # key -> (value, flag text)
+    widths: dict[str, tuple[str, str]] = {}  # "name" / "flag" -> (weight width, flag text)
     i = 0
     while i < len(tokens):
         tok = tokens[i]
@@ -332,14 +524,23 @@ def parse_sglang_args(args: str | Sequence[str], page_size: int | None = None) -
         if not tok.startswith("--"):
             out.ignored.append((tok, "not a flag (a value without one?)"))
             continue
-        name, eq, inline = tok.partition("=")
-        flag = _BY_NAME.get(name)
-        switch = (flag is not None and flag.convert is None) or name in _SWITCHES
+        given, eq, inline = tok.partition("=")
+        try:
+            name: str | None = _resolve_flag(given, version)
+        except ValueError as e:
+            if not lenient:
+                raise ValueError(f"{e} (--lenient: list it as ignored instead)") from None
+            name, why = None, str(e).removeprefix(f"{given}: ")
+        else:
+            why = ""
         value: str | None = inline if eq else None
-        if value is None and not switch and i < len(tokens) and not tokens[i].startswith("--"):
-            value = tokens[i]
-            i += 1
-        shown = name if value is None else f"{name} {value}"
+        if value is None:
+            value, i = _value(tokens, i, known.get(name) if name else None)
+        shown = given if value is None else f"{given} {value}"
+        if name is None:
+            out.ignored.append((shown, f"{why} (--lenient)"))
+            continue
+        flag = _BY_NAME.get(name)
         if name == EXTRA_CONFIG_FLAG and value is not None:
             extra, notes = extra_config_overrides(name, value)
             for item in extra:
@@ -356,16 +557,33 @@ def parse_sglang_args(args: str | Sequence[str], page_size: int | None = None) -
             out.ignored.append((shown, "the default host mode"))
             continue
         if flag is None:
-            out.ignored.append((shown, IGNORED.get(name, "unknown to hicache-sim")))
+            out.ignored.append((shown, IGNORED.get(name, _NOT_MODELLED)))
             continue
         if flag.convert is None:
             if value is not None and value.lower() not in ("true", "1"):
-                raise ValueError(f"{name}: a switch takes no value, got {value!r}")
-            values[flag.key] = ("true", name)
+                raise ValueError(f"{given}: a switch takes no value, got {value!r}")
+            values[flag.key] = ("true", given)
             continue
         if value is None:
-            raise ValueError(f"{name}: expected a value")
-        values[flag.key] = (flag.convert(name, value), shown)
+            raise ValueError(f"{given}: expected a value")
+        if flag.key == "model.name":
+            match = match_model(value, given)
+            values[flag.key] = (match.model, shown)
+            widths.pop("name", None)
+            if match.weight_dtype:
+                widths["name"] = (match.weight_dtype, shown)
+            note = match.note(value)
+            if note:
+                out.notes.append(note)
+        elif flag.key == "model.weight_dtype":
+            if value not in QUANT_WIDTHS:
+                out.ignored.append((shown, f"the weight width of {value!r} is not modelled (set "
+                                           "model.weight_dtype)"))  # fmt: skip
+                continue
+            widths["flag"] = (QUANT_WIDTHS[value], shown)
+        else:
+            values[flag.key] = (flag.convert(given, value), shown)
+    _weight_width(widths, values, out)
     if "cache.enable_host" not in values:
         values["cache.enable_host"] = ("false", "(no --enable-hierarchical-cache)")
         out.notes.append(
@@ -414,6 +632,24 @@ _ENV = (
 )
 
 
+def _dtype_flags(m: Any, comments: list[str]) -> list[str]:
+    """``--kv-cache-dtype`` and ``--quantization`` for ``model.kv_dtype`` / ``weight_dtype``
+    (a ``hicache.config.ModelConfig``); a note for a width no flag gives."""
+    from hicache.hardware import WEIGHT_DTYPE_BYTES, get_model
+
+    flags = [] if m.kv_dtype == "auto" else ["--kv-cache-dtype", m.kv_dtype]
+    native = get_model(m.config or m.name).weight_dtype_bytes
+    if m.weight_dtype == "auto" or WEIGHT_DTYPE_BYTES[m.weight_dtype] == native:
+        return flags
+    if m.weight_dtype == "fp8":
+        return [*flags, "--quantization", "fp8"]  # SGLang quantizes the weights at load
+    comments.append(
+        f"model.weight_dtype={m.weight_dtype}: serve a checkpoint quantized to it (AWQ/GPTQ; "
+        "SGLang reads the width from the checkpoint, no flag)"
+    )
+    return flags
+
+
 def sglang_flags(cfg: Any) -> tuple[list[str], list[str], list[str]]:
     """A resolved ``hicache.config.SimConfig`` as ``(flags, env, comments)``: the SGLang
     launch flags it stands for, the ``NAME=value`` environment settings of scheduler knobs
@@ -425,8 +661,9 @@ def sglang_flags(cfg: Any) -> tuple[list[str], list[str], list[str]]:
     source = m.config or m.name
     path = str(Path(source).parent) if source.endswith(".json") else source
     flags = ["--model-path", MODEL_IDS.get(path, path), "--tp-size", str(m.tp)]
-    flags += ["--page-size", str(c.page_size), "--mem-fraction-static", _num(g.mem_fraction)]
     comments = [f"hardware: {g.name} over {lk.name} (not a flag)"]
+    flags += _dtype_flags(m, comments)
+    flags += ["--page-size", str(c.page_size), "--mem-fraction-static", _num(g.mem_fraction)]
     if g.device_tokens:
         flags += ["--max-total-tokens", str(g.device_tokens)]
     else:

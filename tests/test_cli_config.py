@@ -87,7 +87,9 @@ def test_config_keys_json_matches_the_defaults() -> None:
 
 
 def test_the_issue_command_maps_every_modelled_flag() -> None:
-    parsed = parse_sglang_args(ISSUE_COMMAND)
+    with pytest.raises(ValueError, match=r"--frobnicate: not a flag of SGLang 0\.5\.23"):
+        parse_sglang_args(ISSUE_COMMAND)
+    parsed = parse_sglang_args(ISSUE_COMMAND, lenient=True)
     cfg = load_config(None, parsed.overrides)
     assert (cfg.model.name, cfg.model.tp, cfg.cache.page_size) == ("llama-3-8b", 8, 64)
     assert cfg.cache.enable_host and cfg.cache.hicache_ratio == 2.0
@@ -100,7 +102,7 @@ def test_the_issue_command_maps_every_modelled_flag() -> None:
     ignored = dict(parsed.ignored)
     assert ignored["python -m sglang.launch_server"] == "the launcher, not a flag"
     assert cfg.storage.backend == "3fs"  # hf3fs: the 3FS preset
-    assert ignored["--frobnicate 3"] == "unknown to hicache-sim"
+    assert ignored["--frobnicate 3"] == "not a flag of SGLang 0.5.23 (--lenient)"
     assert "--enable-metrics" in ignored and "--host 0.0.0.0" in ignored
 
 

@@ -20,6 +20,7 @@ from hicache.config.sections import (
     CLOSED_LOOP_MODES,
     EVICTION_CHOICES,
     IO_BACKENDS,
+    KV_DTYPES,
     MEM_LAYOUTS,
     OUTPUT_MODES,
     ROUTER_POLICIES,
@@ -27,6 +28,7 @@ from hicache.config.sections import (
     SCHEDULER_ENGINES,
     SECTIONS,
     STORAGE_BACKENDS,
+    WEIGHT_DTYPES,
 )
 from hicache.policy import WRITE_POLICIES
 from hicache.policy.storage import PREFETCH_POLICIES
@@ -35,6 +37,8 @@ from hicache.versions import SGLANG_VERSIONS
 #: The keys that take one of a few names, and those names.
 CHOICES: dict[str, tuple[str, ...]] = {
     "model.name": tuple(hardware.MODELS),
+    "model.weight_dtype": WEIGHT_DTYPES,
+    "model.kv_dtype": KV_DTYPES,
     "gpu.name": tuple(hardware.GPUS),
     "link.name": ("", *hardware.LINKS),
     "link.io_backend": IO_BACKENDS,

@@ -36,6 +36,9 @@ OUTPUT_MODES = ("cache", "skip")
 #: ``cache.eviction`` names: SGLang 0.5.14's strategies, and ``tlru`` (0.5.21+, so
 #: ``sglang.version`` 0.5.23 only; checked across sections by :class:`SimConfig`).
 EVICTION_CHOICES = (*STRATEGIES, "tlru")
+#: ``model.weight_dtype`` / ``model.kv_dtype`` values (``hicache.models``: their bytes).
+WEIGHT_DTYPES = (hardware.AUTO_DTYPE, *hardware.WEIGHT_DTYPE_BYTES)
+KV_DTYPES = (hardware.AUTO_DTYPE, *hardware.KV_DTYPE_BYTES)
 #: SGLang's --hicache-ratio when none is given (0.5.14 pool_host/base.py; 0.5.23
 #: hicache_hook.py:100-126 resolves None to it in the default host mode).
 DEFAULT_HICACHE_RATIO = 2.0
@@ -119,11 +122,26 @@ class ModelConfig:
     config: str = ""
     # one GPU: the simplest setup, and the host pool is sized per rank anyway
     tp: int = 1
+    # bytes per weight as served: "auto" = the model's own (bf16, or a quantized config.json's
+    # width), else bf16/fp16 (2 B), fp8/int8 (1 B: an FP8 or Int8 checkpoint, SGLang's
+    # --quantization fp8) or int4 (0.5 B: AWQ, GPTQ-Int4); sets the weights' HBM and so the
+    # derived device pool, and the weight-read time of a forward pass
+    weight_dtype: str = "auto"
+    # SGLang's --kv-cache-dtype: "auto" = the model's dtype (bf16 for every preset), bf16, or
+    # fp8_e4m3 / fp8_e5m2 (1 byte per element): sets the KV bytes per token, so the tokens a
+    # device or host GB holds, the bytes every copy moves and the KV read time of attention
+    kv_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         where = "model.config" if self.config else "model.name"
+        if self.config:
+            object.__setattr__(self, "config", hardware.preset_name(self.config) or self.config)
+        else:
+            object.__setattr__(self, "name", hardware.preset_name(self.name) or self.name)
         _preset(where, hardware.get_model, self.config or self.name)
         _at_least("model.tp", self.tp, 1)
+        _choice("model.weight_dtype", self.weight_dtype, WEIGHT_DTYPES)
+        _choice("model.kv_dtype", self.kv_dtype, KV_DTYPES)
         try:
             hardware.kv_bytes_per_token(self.spec, self.tp)
         except ValueError as e:
@@ -131,8 +149,10 @@ class ModelConfig:
 
     @functools.cached_property
     def spec(self) -> hardware.ModelSpec:
-        """The served model: ``model.config`` when set, else the preset ``model.name``."""
-        return hardware.get_model(self.config or self.name)
+        """The served model: ``model.config`` when set, else the preset ``model.name``, at
+        ``model.weight_dtype`` and ``model.kv_dtype``."""
+        model = hardware.get_model(self.config or self.name)
+        return hardware.with_dtypes(model, self.kv_dtype, self.weight_dtype)
 
 
 @dataclass(frozen=True)
@@ -162,6 +182,7 @@ class GpuConfig:
 
     def __post_init__(self) -> None:
         _preset("gpu.name", hardware.get_gpu, self.name)
+        object.__setattr__(self, "name", hardware.gpu_name(self.name))  # H100 -> h100-sxm
         if self.server:
             _preset("gpu.server", get_server, self.server)
         _in_unit("gpu.mem_fraction", self.mem_fraction)
