@@ -1,5 +1,6 @@
-"""``hicache-sim plan``: how many instances (GPUs) a trace needs to meet latency targets, with
-and without the host tier, and so how many HiCache saves (the planning is :mod:`studies.plan`).
+"""``hicache-sim plan``: how many instances (GPUs, servers) a trace needs to meet its targets,
+with and without the host tier, and so how many HiCache saves, like for like (the planning is
+:mod:`studies.plan`).
 
 Every input is checked before the first evaluation: targets, variants, routers, the config of
 every configuration, the output folder, and the target keys (against a one-request probe
@@ -37,14 +38,26 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         description="For each configuration (the base config x variants x routers), find the "
         "smallest cluster.instances whose run meets every --target and is not overloaded "
         "(doubling, then bisection; assumes latency does not grow with instances). Prints "
-        "instances, GPU-hours (instances x model.tp x the trace's arrival span), host DRAM "
-        "per instance, hit rates, and what the host tier saves.",
+        "instances, GPUs, servers (gpu.server), GPU-hours (instances x model.tp x the trace's "
+        "arrival span), host DRAM per instance, hit rates per tier, the best value reached "
+        "and the zero-load floor where a target is missed, and what the host tier saves "
+        "against a baseline that differs in the host tier alone.",
     )
     p.add_argument("trace", type=Path, help="trace file (.jsonl, .jsonl.gz, .parquet)")
     p.add_argument(
-        "--target", action="append", required=True, metavar="KEY=VALUE",
-        help="an upper bound on a summary key, repeatable: ttft_p90=2s, tpot_mean=50ms, "
-        "e2e_mean=1.5min (units ms, s, min; a plain number for keys not in seconds)",
+        "--target", action="append", required=True, metavar="KEY<=VALUE|KEY>=VALUE",
+        help="a bound on a summary key, repeatable: ttft_p90=2s (= is <=), tpot_mean<=50ms, "
+        "e2e_mean=1.5min, hit_rate>=0.5, throughput_output_tok_s>=2000, goodput>=0.95 (with "
+        "--slo); units ms, s, min; a plain number for keys not in seconds",
+    )  # fmt: skip
+    p.add_argument(
+        "--slo", metavar="ttft=D[,tpot=D]",
+        help="the per-request SLO that goodput counts (share of requests within it), e.g. "
+        "ttft=2s,tpot=50ms",
+    )  # fmt: skip
+    p.add_argument(
+        "--gpu-hour-usd", type=float, default=0.0, metavar="USD",
+        help="price of one GPU-hour: adds a cost column and the saving in dollars",
     )  # fmt: skip
     p.add_argument(
         "--router", default="cache_aware", metavar="POLICY[,POLICY...]",
@@ -80,14 +93,16 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-def _inputs(args: argparse.Namespace) -> tuple[Any, Any, list[Any], list[Any]]:
-    """(config, trace, configurations, targets), every one checked; ``UserError`` else."""
+def _inputs(args: argparse.Namespace) -> tuple[Any, Any, list[Any], list[Any], Any]:
+    """(config, trace, configurations, targets, SLO or None), every one checked;
+    ``UserError`` else."""
     from cli.config import resolve_config
     from cli.run import _load_trace
     from studies.plan import (
         DEFAULT_VARIANTS,
         build_configs,
         check_settable,
+        parse_slo,
         parse_target,
         parse_variant,
         summary_keys,
@@ -95,6 +110,8 @@ def _inputs(args: argparse.Namespace) -> tuple[Any, Any, list[Any], list[Any]]:
 
     if args.address and args.executor != "ray":
         raise UserError("--address needs --executor ray")
+    if not (math.isfinite(args.gpu_hour_usd) and args.gpu_hour_usd >= 0):
+        raise UserError(f"--gpu-hour-usd: expected a price >= 0, got {args.gpu_hour_usd}")
     try:
         for item in args.overrides:
             check_settable(item.partition("=")[0].strip(), f"--set {item}")
@@ -117,18 +134,21 @@ def _inputs(args: argparse.Namespace) -> tuple[Any, Any, list[Any], list[Any]]:
     except ValueError as e:  # e.g. a page size that does not divide the trace's block size
         raise UserError(f"{args.trace}: {e}") from None
     try:
-        targets = [parse_target(text, keys) for text in args.target]
+        slo = parse_slo(args.slo) if args.slo else None
+        targets = [parse_target(text, [*keys, "goodput"]) for text in args.target]
     except ValueError as e:
         raise UserError(str(e)) from None
+    if slo is None and any(t.key == "goodput" for t in targets):
+        raise UserError("--target goodput: needs --slo (e.g. --slo ttft=2s,tpot=50ms)")
     resolved.print_notes()
-    return resolved.cfg, trace, configs, targets
+    return resolved.cfg, trace, configs, targets, slo
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     from studies.plan import run_plan, write_plan
 
     t0 = time.perf_counter()
-    _, trace, configs, targets = _inputs(args)
+    _, trace, configs, targets, slo = _inputs(args)
     plan = run_plan(
         configs,
         trace,
@@ -138,6 +158,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         jobs=args.jobs,
         address=args.address,
         progress=args.progress,
+        slo=slo,
+        gpu_hour_usd=args.gpu_hour_usd,
     )
     evaluations = sum(len(c.evaluations) for c in plan.configs)
     print(format_plan(plan))
@@ -159,55 +181,59 @@ def _metric(key: str, value: Any) -> str:
     return format_seconds(float(value)) if key.endswith("_s") else f"{float(value):.4g}"
 
 
+def _pct(value: Any) -> str:
+    return "n/a" if value is None else f"{value:.1%}"
+
+
 def format_plan(plan: Plan) -> str:
-    """The table (one row per configuration), the notes and the savings lines."""
+    """The setups, the table (one row per configuration; a missed target shows its best value
+    in brackets), the notes and the savings lines."""
     rows = plan.rows()
-    head = {
-        "configuration": "configuration",
-        "instances": "instances",
-        "gpu_hours": "GPU-h",
-        "host_dram_gb_per_instance": "host GB/inst",
-        "hit_rate": "hit",
-        "device_hit_rate": "device",
-        "host_hit_rate": "host",
-        **{t.key: t.key.removesuffix("_s") for t in plan.targets},
-    }
-    cells = [list(head.values())]
+    cost = plan.gpu_hour_usd > 0
+    head = ["configuration", "instances", "GPUs", "servers", "GPU-h", *(["cost $"] * cost),
+            "host GB/inst", "hit", "device", "host", "L3",
+            *(t.key.removesuffix("_s") for t in plan.targets)]  # fmt: skip
+    cells = [head]
     for r in rows:
+        missed = r["instances"] is None
         cells.append([
             r["configuration"],
-            f"> {plan.max_instances}" if r["instances"] is None else str(r["instances"]),
+            f"> {plan.max_instances}" if missed else str(r["instances"]),
+            "n/a" if missed else str(r["gpus"]),
+            "n/a" if missed else str(r["servers"]),
             "n/a" if r["gpu_hours"] is None else f"{r['gpu_hours']:.3g}",
+            *(["n/a" if r["cost_usd"] is None else f"{r['cost_usd']:,.0f}"] * cost),
             f"{r['host_dram_gb_per_instance']:.1f}",
-            *(
-                "n/a" if r[k] is None else f"{r[k]:.1%}"
-                for k in ("hit_rate", "device_hit_rate", "host_hit_rate")
-            ),
-            *(_metric(t.key, r[t.key]) for t in plan.targets),
+            *(_pct(r[k]) for k in ("hit_rate", "device_hit_rate", "host_hit_rate",
+                                   "storage_hit_rate")),
+            *(_metric(t.key, r[t.key]) if not missed
+              else f"({_metric(t.key, r[f'{t.key}_best'])})" for t in plan.targets),
         ])  # fmt: skip
     widths = [max(len(row[i]) for row in cells) for i in range(len(head))]
+    setups = dict.fromkeys(c.config.setup for c in plan.configs)
     lines = [
-        "targets: " + ", ".join(t.label for t in plan.targets) + " (and not overloaded)",
+        f"trace {plan.trace}" if plan.trace else "",
+        *(f"setup: {s}" for s in setups),
+        "targets: " + ", ".join(t.label for t in plan.targets) + " (and not overloaded)"
+        + (f"; goodput: share of requests with {plan.slo.label}" if plan.slo else ""),
         *(
             "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
                       for i, (c, w) in enumerate(zip(row, widths, strict=True)))
             for row in cells
         ),
     ]  # fmt: skip
-    for c in plan.configs:
-        if not c.monotone:
-            lines.append(
-                f"note: {c.config.name}: latency is not monotone in N (a smaller N passed "
-                "while a larger failed): the answer passes but may not be the minimum"
-            )
-    lines.extend(f"{line}" for line in _savings(plan))
-    return "\n".join(lines)
+    if any(r["instances"] is None for r in rows):
+        lines.append(f"(> {plan.max_instances}: not met within --max-instances; in brackets "
+                     "the best value any evaluated N reached)")  # fmt: skip
+    lines.extend(f"note: {line}" for line in plan.notes())
+    lines.extend(_savings(plan))
+    return "\n".join(line for line in lines if line)
 
 
 def _savings(plan: Plan) -> list[str]:
     from studies.plan import savings_lines
 
-    lines = savings_lines(plan)
+    lines = savings_lines(plan, plan.gpu_hour_usd)
     return lines or ["(no configuration without a host tier to compare against)"]
 
 

@@ -40,26 +40,64 @@ KEYS = ("ttft_p90_s", "tpot_mean_s", "hit_rate", "requests")
         ("ttft_p90<=1.5min", ("ttft_p90_s", 90.0)),
         (" ttft_p90 = 250 MS ", ("ttft_p90_s", 0.25)),
         ("requests=10", ("requests", 10.0)),
+        ("hit_rate>=0.5", ("hit_rate", 0.5)),
+        ("hit_rate<=0.5", ("hit_rate", 0.5)),
     ],
 )
 def test_parse_target(text: str, expected: tuple[str, float]) -> None:
     got = parse_target(text, KEYS)
     assert got.key == expected[0]
     assert got.limit == pytest.approx(expected[1])
+    assert got.op == (">=" if ">=" in text else "<=")
     assert parse_target(text).key == expected[0]  # no key list: the unit implies seconds
+
+
+def test_lower_bounds_are_judged_as_lower_bounds() -> None:
+    t = parse_target("hit_rate>=0.5", KEYS)
+    assert t.label == "hit_rate >= 0.5"
+    assert judge({"hit_rate": 0.6}, [t]).passed
+    verdict = judge({"hit_rate": 0.4}, [t])
+    assert not verdict.passed and verdict.reason == "hit_rate 0.4 < 0.5"
+    assert not judge({"hit_rate": math.nan}, [t]).passed
+    assert judge({"ttft_p90_s": 3.0}, [parse_target("ttft_p90=2s", KEYS)]).reason == (
+        "ttft_p90_s 3 > 2"
+    )
+
+
+def test_goodput_counts_requests_within_the_slo() -> None:
+    import pandas as pd
+
+    from studies.plan.evaluate import goodput
+    from studies.plan.targets import parse_slo
+
+    slo = parse_slo("ttft=2s,tpot=50ms")
+    assert (slo.ttft_s, slo.tpot_s) == (2.0, 0.05)
+    assert parse_slo("tpot=20ms").ttft_s == math.inf
+    req = pd.DataFrame({
+        "finish_s": [5.0, 5.0, 5.0, -1.0, 5.0],
+        "ttft_s": [1.0, 3.0, 1.0, math.nan, 1.5],
+        "tpot_s": [0.04, 0.01, 0.06, math.nan, math.nan],  # the last: one output token
+    })  # fmt: skip
+    # met: the first (both bounds) and the last (TTFT only); missed: a slow TTFT, a slow TPOT,
+    # and a rejected request
+    assert goodput(req, slo) == pytest.approx(2 / 5)
+    for bad in ("ttft", "ttft=2s,ttft=3s", "latency=2s", "ttft=soon", ""):
+        with pytest.raises(ValueError, match="--slo"):
+            parse_slo(bad)
 
 
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("ttft_p90", "expected NAME=VALUE"),
-        ("ttft_p90=", "expected NAME=VALUE"),
-        ("=2s", "expected NAME=VALUE"),
+        ("ttft_p90", "expected NAME<=VALUE"),
+        ("ttft_p90=", "expected NAME<=VALUE"),
+        ("=2s", "expected NAME<=VALUE"),
+        ("ttft_p90=>2s", "expected NAME<=VALUE"),
         ("ttft_p90=fast", "expected a number"),
         ("ttft_p90=-1s", ">= 0"),
         ("ttft_p90=2h", "expected a number"),
-        ("hit_rate>=0.5", "upper bounds"),
-        ("hit_rate=0.5s", "not in seconds"),
+        ("hit_rate=0.5", "hit_rate is better when higher: write hit_rate>=0.5"),
+        ("hit_rate>=0.5s", "not in seconds"),
         ("ttft_p95=2s", "unknown summary key 'ttft_p95'; choose from ttft_p90_s, tpot_mean_s"),
     ],
 )
@@ -189,9 +227,11 @@ def test_overloaded_run_is_not_chosen() -> None:
 # --- results ---------------------------------------------------------------------------------
 
 
-def _config(variant: str, host: bool, router: str = "cache_aware") -> PlanConfig:
-    config = {"cache": {"enable_host": host}}
-    return PlanConfig(variant, router, (), config, 1024, 2048 if host else 0, 1000, 2, 3600.0)
+def _config(variant: str, host: bool, router: str = "cache_aware", tp: int = 2) -> PlanConfig:
+    config = {"cache": {"enable_host": host}, "model": {"tp": tp}}
+    # 8-GPU servers: 4 instances of TP2 on each
+    return PlanConfig(variant, router, (), config, 1024, 2048 if host else 0, 1000, tp, 3600.0,
+                      8 // tp, f"m on g x TP{tp}")  # fmt: skip
 
 
 def _plan(base: int | None, tiered: list[int | None], cap: int = 64) -> Plan:
@@ -204,25 +244,106 @@ def _plan(base: int | None, tiered: list[int | None], cap: int = 64) -> Plan:
 def test_savings_line() -> None:
     (line,) = savings_lines(_plan(8, [6, 5]))
     assert line == (
-        "cache_aware: HiCache saves 3 instances (37.5%) against no host tier: "
-        "5 with host x4, 8 without"
+        "cache_aware: HiCache saves 3 instances, 6 GPUs, 0 servers (37.5%; 6 GPU-hours) against "
+        "no host tier: 5 instances (10 GPUs, 2 servers) with host x4, 8 instances (16 GPUs, 2 "
+        "servers) without"
     )
+    (line,) = savings_lines(_plan(8, [5]), gpu_hour_usd=2.5)
+    assert "(37.5%; 6 GPU-hours, $15) against" in line
     (line,) = savings_lines(_plan(None, [6], cap=8))
     assert "saves at least 3 instances" in line
     (line,) = savings_lines(_plan(4, [5]))
     assert "needs 1 more instance (25.0%) against" in line  # singular
     (line,) = savings_lines(_plan(6, [5]))
-    assert "HiCache saves 1 instance (16.7%) against" in line
+    assert "HiCache saves 1 instance, 2 GPUs, 0 servers (16.7%; 2 GPU-hours) against" in line
     (line,) = savings_lines(_plan(None, [None], cap=8))
     assert "neither" in line
     assert savings_lines(Plan(TARGET, 8, _plan(4, [5]).configs[1:])) == []
 
 
-def test_gpu_hours_and_dram() -> None:
+def test_savings_only_like_for_like() -> None:
+    """A TP4 variant with a host tier against a TP2 baseline: the TP, not HiCache, would make
+    the difference, so no saving is claimed; another router is not a baseline either."""
+    configs = [
+        ConfigPlan(_config("tp2 no host", False), 3, [], True),
+        ConfigPlan(_config("tp4 host", True, tp=4), 1, [], True),
+        ConfigPlan(_config("tp2 host", True), 3, [], True),
+        ConfigPlan(_config("rr host", True, router="round_robin"), 2, [], True),
+    ]
+    lines = savings_lines(Plan(TARGET, 8, configs))
+    assert lines[0].startswith("cache_aware: HiCache saves 0 instances") and "tp2 host" in lines[0]
+    assert "tp4 host / cache_aware: no baseline" in lines[1] and "model.tp" in lines[1]
+    assert "rr host / round_robin: no baseline" in lines[2]
+    assert len(lines) == 3
+    # the host-tier keys alone may differ
+    from studies.plan.savings import differences
+
+    a = {"cache": {"enable_host": False, "page_size": 64}, "storage": {"backend": "none"}}
+    b = {"cache": {"enable_host": True, "page_size": 64, "hicache_ratio": 2.0,
+                   "write_policy": "write_back"}, "storage": {"backend": "file"}}  # fmt: skip
+    assert differences(a, b) == []
+    assert differences(a, {**b, "cache": {**b["cache"], "page_size": 16}}) == ["cache.page_size"]
+
+
+def test_gpu_hours_servers_and_dram() -> None:
     c = ConfigPlan(_config("host x2", True), 3, [], True)
     assert c.gpus == 6  # 3 instances x tp 2
+    assert c.servers == 1  # 4 TP2 instances per 8-GPU server
+    assert ConfigPlan(_config("host x2", True), 5, [], True).servers == 2
     assert c.gpu_hours == pytest.approx(6.0)  # x one hour of arrivals
     assert c.config.host_dram_gb == pytest.approx(2048 * 1000 * 2 / 1e9)
+
+
+def _evals(values: dict[int, float], key: str = "ttft_p90_s") -> list[Evaluation]:
+    return [Evaluation(n, False, "", {key: v}) for n, v in values.items()]
+
+
+def test_best_value_floor_and_trend_notes() -> None:
+    from studies.plan.search import trend_notes
+
+    t = Target("ttft_p90_s", 1.0)
+    evals = _evals({1: 4.0, 2: 2.5, 4: 2.0, 8: 2.6})
+    c = ConfigPlan(_config("x", True), None, evals, True, trend_notes(
+        {e.instances: e for e in evals}, [t]), {"ttft_p90_s": 1.5})  # fmt: skip
+    assert c.best(t) == (2.0, 4)
+    assert c.out_of_reach(t)
+    assert c.trends == ["ttft_p90_s rises with more instances: 2 s at N = 4, 2.6 s at N = 8"]
+    notes = Plan([t], 8, [c]).notes()
+    assert any("out of reach" in n and "1.5 s of prefill at TP2" in n for n in notes)
+    # the floor below the target: the best value is reported instead
+    c.floors["ttft_p90_s"] = 0.5
+    notes = Plan([t], 8, [c]).notes()
+    assert any("ttft_p90 <= 1 s missed; best 2 s at N = 4; zero-load floor 500 ms" in n
+               for n in notes)  # fmt: skip
+    # within the tolerance, or improving: no trend note
+    flat = _evals({1: 2.0, 2: 2.01, 4: 1.0})
+    assert trend_notes({e.instances: e for e in flat}, [t]) == []
+    up = _evals({1: 0.2, 2: 0.1}, "hit_rate")
+    (note,) = trend_notes({e.instances: e for e in up}, [Target("hit_rate", 0.3, ">=")])
+    assert note.startswith("hit_rate falls with more instances")
+
+
+def test_zero_load_floor_is_a_lower_bound_of_every_ttft() -> None:
+    """Each request's floor is at most its TTFT in a real run (here at a light load), and the
+    floor of an uncached request is its plain prefill."""
+    from hicache.config import load_config
+    from sim.engine import run_simulation
+    from studies.plan.floor import request_floors, target_floor
+    from traces.io import read_trace
+
+    trace = read_trace(TRACE)
+    cfg = load_config(None, ["gpu.device_tokens=65536", "workload.max_requests=60",
+                             "workload.rate_scale=0.2"])  # fmt: skip
+    frames: dict[str, object] = {}
+    run_simulation(cfg, trace, None, False, frames)
+    ttft = frames["requests"]["ttft_s"].to_numpy()  # type: ignore[index]
+    floors = request_floors(cfg, trace)
+    assert len(floors) == 60
+    assert all(f <= t + 1e-12 for f, t in zip(floors, ttft, strict=True))
+    assert sum(f < t for f, t in zip(floors, ttft, strict=True)) > 0
+    p90 = target_floor(Target("ttft_p90_s", 1.0), floors)
+    assert p90 is not None and 0 < p90 <= float(frames["requests"]["ttft_s"].quantile(0.9))  # type: ignore[index]
+    assert target_floor(Target("tpot_mean_s", 1.0), floors) is None
 
 
 def test_arrival_span() -> None:
@@ -263,7 +384,11 @@ def test_cli_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert main(argv) == 0
     text = capsys.readouterr().out
     assert "no host tier / cache_aware" in text
-    assert "HiCache saves 0 instances (0.0%) against no host tier" in text
+    assert (
+        "HiCache saves 0 instances, 0 GPUs, 0 servers (0.0%; 0 GPU-hours) against no host "
+        "tier" in text
+    )
+    assert "setup: llama-3-8b on h100-sxm x TP1, dgx-h100 (8 GPUs per server)" in text
     data = json.loads((out / "plan.json").read_text())
     assert [c["variant"] for c in data["configurations"]] == ["no host tier", "host x2", "host x4"]
     for c in data["configurations"]:
@@ -282,7 +407,9 @@ def test_cli_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--target", "ttft_p90"], "--target 'ttft_p90': expected NAME=VALUE"),
+        (["--target", "ttft_p90"], "--target 'ttft_p90': expected NAME<=VALUE"),
+        (["--target", "goodput>=0.9"], "--target goodput: needs --slo"),
+        (["--target", "ttft_p90=1s", "--gpu-hour-usd", "-1"], "--gpu-hour-usd: expected"),
         (["--target", "nope=2s"], "unknown summary key 'nope'; choose from"),
         (["--target", "ttft_p90=1s", "--variant", "x"], "--variant 'x': expected NAME:"),
         (["--target", "ttft_p90=1s", "--variant", "x:cache.nope=1"], "--variant 'x'"),

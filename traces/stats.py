@@ -19,6 +19,7 @@ __all__ = [
     "PERCENTILES",
     "format_stats",
     "infinite_capacity_hit_rate",
+    "infinite_capacity_prefixes",
     "percentile",
     "reuse_distances",
     "trace_stats",
@@ -86,11 +87,23 @@ def infinite_capacity_hit_rate(
 
 def _symbol_walk(requests: Sequence[Request], page_size: int, block_size: int) -> tuple[int, int]:
     """The definition of `infinite_capacity_hit_rate`, literally: a trie over page symbols."""
+    cached = sum(infinite_capacity_prefixes(requests, page_size, block_size))
+    return cached, sum(r.input_length for r in requests)
+
+
+def infinite_capacity_prefixes(
+    trace: Trace | Iterable[Request], page_size: int, block_size: int | None = None
+) -> list[int]:
+    """Per request, in trace order, ``cached_i`` of `infinite_capacity_hit_rate`: the tokens an
+    infinite, page-aligned cache that never evicts holds for it (the walk over a trie of page
+    symbols that the hit rate's definition describes)."""
+    requests, bs = _requests_and_block_size(trace, block_size)
+    if page_size < 1:
+        raise TraceParamError(f"page_size must be >= 1, got {page_size}")
     trie: dict[tuple[int, Any], int] = {}
-    cached = 0
-    total = 0
+    out = []
     for req in requests:
-        symbols = page_symbols(req, page_size, block_size)
+        symbols = page_symbols(req, page_size, bs)
         node = -1
         matched = 0
         for sym in symbols:
@@ -103,9 +116,8 @@ def _symbol_walk(requests: Sequence[Request], page_size: int, block_size: int) -
             nxt = len(trie)
             trie[(node, sym)] = nxt
             node = nxt
-        cached += min(matched, (req.input_length - 1) // page_size) * page_size
-        total += req.input_length
-    return cached, total
+        out.append(min(matched, (req.input_length - 1) // page_size) * page_size)
+    return out
 
 
 def _hash_walk(

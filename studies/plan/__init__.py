@@ -3,11 +3,14 @@ targets, with and without HiCache's host tier, and so how many does HiCache save
 
 A plan is a grid of named configurations (a base config × variants × routers; by default
 "no host tier", "host x2" and "host x4", :data:`~studies.plan.targets.DEFAULT_VARIANTS`) and
-targets (upper bounds on summary keys, :func:`~studies.plan.targets.parse_target`). For each
-configuration it finds the smallest ``cluster.instances`` in ``[1, max_instances]`` whose run
-meets every target and is not overloaded (:mod:`~studies.plan.search`: doubling, then
+targets (bounds on summary keys and goodput, :func:`~studies.plan.targets.parse_target`). For
+each configuration it finds the smallest ``cluster.instances`` in ``[1, max_instances]`` whose
+run meets every target and is not overloaded (:mod:`~studies.plan.search`: doubling, then
 bisection, assuming latency does not grow with N), and reports the instances, GPUs
-(instances × ``model.tp``), GPU-hours and host DRAM that take.
+(instances × ``model.tp``), servers (instances packed whole onto ``gpu.server``'s GPUs),
+GPU-hours and host DRAM that take. Where a target is missed it reports the best value reached
+and, for TTFT, the zero-load floor (:mod:`~studies.plan.floor`); savings are claimed only like
+for like (:mod:`~studies.plan.savings`).
 
 GPU-hours = instances × ``model.tp`` × the trace's arrival span in hours: last arrival − first
 arrival of the requests replayed (``workload.max_requests``), at ``workload.rate_scale``. It
@@ -32,15 +35,18 @@ from typing import TYPE_CHECKING, Any
 
 from studies.errors import StudyError
 from studies.plan.evaluate import Config, Executor
-from studies.plan.search import Evaluation, Search, numeric_keys, run_searches
+from studies.plan.savings import savings_lines
+from studies.plan.search import Evaluation, Search, numeric_keys, run_searches, trend_notes
 from studies.plan.targets import (
     DEFAULT_VARIANTS,
     ROUTER_KEY,
+    Slo,
     Target,
     Variant,
     check_names,
     check_settable,
     format_seconds,
+    parse_slo,
     parse_target,
     parse_variant,
 )
@@ -66,6 +72,10 @@ class PlanConfig:
     kv_bytes_per_token: int
     tp: int
     span_s: float
+    instances_per_server: int = 1
+    """How many instances of ``tp`` GPUs one ``gpu.server`` holds."""
+    setup: str = ""
+    """Model, GPU, TP and server, for the reader (``qwen3-32b on h200 x TP2, dgx-h200``)."""
 
     @property
     def name(self) -> str:
@@ -92,7 +102,13 @@ def build_configs(
 ) -> list[PlanConfig]:
     """The grid: every variant of ``base`` with every router, validated. Raises
     ``ValueError`` (one line naming the variant or router) for an invalid one."""
-    from hicache.config import ROUTER_POLICIES, config_to_dict, resolve_pools, with_overrides
+    from hicache.config import (
+        ROUTER_POLICIES,
+        config_to_dict,
+        resolve_pools,
+        server_for,
+        with_overrides,
+    )
 
     check_names(variants)
     bad = [r for r in routers if r not in ROUTER_POLICIES]
@@ -110,9 +126,12 @@ def build_configs(
                 raise StudyError(f"--variant {v.name!r}: {e}") from None
             device, host, bpt = resolve_pools(cfg)
             span = arrival_span_s(trace, cfg.workload.rate_scale, cfg.workload.max_requests)
+            server = server_for(cfg)
+            setup = (f"{cfg.model.spec.name} on {cfg.gpu.name} x TP{cfg.model.tp}, "
+                     f"{server.name} ({server.gpus} GPUs per server)")  # fmt: skip
             out.append(
                 PlanConfig(v.name, router, v.overrides, config_to_dict(cfg), device, host, bpt,
-                           cfg.model.tp, span)
+                           cfg.model.tp, span, max(1, server.gpus // cfg.model.tp), setup)
             )  # fmt: skip
     return out
 
@@ -137,6 +156,10 @@ class ConfigPlan:
     instances: int | None
     evaluations: list[Evaluation]
     monotone: bool
+    trends: list[str] = field(default_factory=list)
+    """Where a target's value got worse as N grew (:func:`~studies.plan.search.trend_notes`)."""
+    floors: dict[str, float] = field(default_factory=dict)
+    """The zero-load floor of each TTFT target's key (:mod:`~studies.plan.floor`)."""
 
     @property
     def chosen(self) -> dict[str, Any] | None:
@@ -148,8 +171,29 @@ class ConfigPlan:
         return None if self.instances is None else self.instances * self.config.tp
 
     @property
+    def servers(self) -> int | None:
+        """Servers the instances take, each instance whole on one server."""
+        if self.instances is None:
+            return None
+        return -(-self.instances // self.config.instances_per_server)
+
+    @property
     def gpu_hours(self) -> float | None:
         return None if self.gpus is None else self.gpus * self.config.span_s / 3600.0
+
+    def best(self, target: Target) -> tuple[float, int] | None:
+        """The best value of ``target``'s key over the evaluated N, and that N (None: none)."""
+        got: tuple[float, int] | None = None
+        for e in self.evaluations:
+            v = float(e.summary.get(target.key, math.nan))
+            if v == v and (got is None or target.better(v, got[0]) != got[0]):
+                got = (v, e.instances)
+        return got
+
+    def out_of_reach(self, target: Target) -> bool:
+        """Whether the zero-load floor alone misses ``target``: no N can meet it."""
+        floor = self.floors.get(target.key)
+        return floor is not None and not target.meets(floor)
 
 
 @dataclass
@@ -159,6 +203,10 @@ class Plan:
     targets: list[Target]
     max_instances: int
     configs: list[ConfigPlan]
+    slo: Slo | None = None
+    gpu_hour_usd: float = 0.0
+    trace: str = ""
+    """The trace's file name (for the report's reader)."""
 
     def rows(self) -> list[dict[str, Any]]:
         """One flat row per configuration (the CSV, the table)."""
@@ -173,7 +221,13 @@ class Plan:
                 "meets_targets": c.instances is not None,
                 "max_instances": self.max_instances,
                 "gpus": c.gpus,
+                "servers": c.servers,
+                "instances_per_server": c.config.instances_per_server,
                 "gpu_hours": c.gpu_hours,
+                "cost_usd": None
+                if c.gpu_hours is None or not self.gpu_hour_usd
+                else c.gpu_hours * self.gpu_hour_usd,
+                "setup": c.config.setup,
                 "arrival_span_s": c.config.span_s,
                 "host_dram_gb_per_instance": c.config.host_dram_gb,
                 "device_tokens": c.config.device_tokens,
@@ -181,9 +235,15 @@ class Plan:
                 "hit_rate": chosen.get("hit_rate"),
                 "device_hit_rate": chosen.get("device_hit_rate"),
                 "host_hit_rate": chosen.get("host_hit_rate"),
+                "storage_hit_rate": chosen.get("storage_hit_rate"),
+                "idle_instances": len(chosen.get("idle_instances", [])),
             }
             for t in self.targets:
                 row[t.key] = chosen.get(t.key)
+                best = c.best(t)
+                row[f"{t.key}_best"] = None if best is None else best[0]
+                row[f"{t.key}_best_at"] = None if best is None else best[1]
+                row[f"{t.key}_floor"] = c.floors.get(t.key)
             row["evaluations"] = len(c.evaluations)
             row["monotone"] = c.monotone
             row["overrides"] = ";".join(c.config.overrides)
@@ -194,7 +254,12 @@ class Plan:
         """Everything: targets, configurations with their resolved configs, every evaluated
         N with its verdict and summary, and the savings lines."""
         return {
-            "targets": [{"key": t.key, "limit": t.limit, "label": t.label} for t in self.targets],
+            "targets": [
+                {"key": t.key, "limit": t.limit, "op": t.op, "label": t.label} for t in self.targets
+            ],
+            "slo": None if self.slo is None else self.slo._asdict(),
+            "gpu_hour_usd": self.gpu_hour_usd,
+            "trace": self.trace,
             "max_instances": self.max_instances,
             "gpu_hours_basis": "instances x model.tp x arrival span (last - first arrival, "
             "at workload.rate_scale)",
@@ -206,54 +271,57 @@ class Plan:
                 }
                 for row, c in zip(self.rows(), self.configs, strict=True)
             ],
-            "savings": savings_lines(self),
+            "savings": savings_lines(self, self.gpu_hour_usd),
+            "notes": self.notes(),
         }
 
-
-def _baseline(c: ConfigPlan) -> bool:
-    return not c.config.config["cache"]["enable_host"]
-
-
-def savings_lines(plan: Plan) -> list[str]:
-    """Per router: the best configuration with a host tier against the one without
-    ("HiCache saves X instances (Y %) against no host tier"); none without a baseline."""
-    lines = []
-    cap = plan.max_instances
-    for router in dict.fromkeys(c.config.router for c in plan.configs):
-        mine = [c for c in plan.configs if c.config.router == router]
-        base = next((c for c in mine if _baseline(c)), None)
-        tiered = [c for c in mine if not _baseline(c)]
-        if base is None or not tiered:
-            continue
-        best = min(tiered, key=lambda c: math.inf if c.instances is None else c.instances)
-        lines.append(f"{router}: {_saving(base, best, cap)}")
-    return lines
-
-
-def _saving(base: ConfigPlan, best: ConfigPlan, cap: int) -> str:
-    name = f"HiCache ({best.config.variant})"
-    against = f"against {base.config.variant}"
-    if best.instances is None:
-        if base.instances is None:
-            return f"neither {name} nor {base.config.variant} meets the targets within {cap}"
-        return f"{name} needs more than {cap} instances, {base.config.variant} {base.instances}"
-    if base.instances is None:
-        at_least = cap + 1 - best.instances
-        return (
-            f"HiCache saves at least {_count(at_least)} (>= {at_least / (cap + 1):.1%}) "
-            f"{against}: {best.instances} with {best.config.variant}, more than {cap} without"
-        )
-    saved = base.instances - best.instances
-    share = saved / base.instances
-    counts = f"{best.instances} with {best.config.variant}, {base.instances} without"
-    if saved >= 0:
-        return f"HiCache saves {_count(saved)} ({share:.1%}) {against}: {counts}"
-    return f"HiCache needs {_count(-saved, 'more ')}({-share:.1%}) {against}: {counts}"
+    def notes(self) -> list[str]:
+        """What a reader must know besides the table: targets out of reach at zero load, the
+        best value reached where a target was missed, routers that left instances idle, and
+        latency that rose with N (the search's assumption broken)."""
+        out = []
+        for c in self.configs:
+            for t in self.targets:
+                if c.out_of_reach(t):
+                    out.append(f"{c.config.name}: {_floor_line(t, c)}")
+                elif (
+                    c.instances is None and (best := c.best(t)) is not None and not t.meets(best[0])
+                ):
+                    floor = c.floors.get(t.key)
+                    extra = "" if floor is None else f"; zero-load floor {_shown(t.key, floor)}"
+                    out.append(
+                        f"{c.config.name}: {t.label} missed; best {_shown(t.key, best[0])} at "
+                        f"N = {best[1]}{extra}"
+                    )
+            idle = (c.chosen or {}).get("idle_instances", [])
+            if idle and c.instances:
+                out.append(
+                    f"{c.config.name}: the {c.config.router} router used "
+                    f"{c.instances - len(idle)} of {c.instances} instances; more instances "
+                    "change nothing for it"
+                )
+            if not c.monotone:
+                out.append(
+                    f"{c.config.name}: latency is not monotone in N (a smaller N passed while "
+                    "a larger failed): the answer passes but may not be the minimum"
+                )
+            out.extend(f"{c.config.name}: {line}" for line in c.trends)
+        return out
 
 
-def _count(n: int, more: str = "") -> str:
-    """``1 instance``, ``2 instances`` (``more`` goes before the noun)."""
-    return f"{n} {more}instance{'' if n == 1 else 's'}" + (" " if more else "")
+def _shown(key: str, value: float) -> str:
+    return format_seconds(value) if key.endswith("_s") else f"{value:.4g}"
+
+
+def _floor_line(t: Target, c: ConfigPlan) -> str:
+    floor = c.floors[t.key]
+    what = t.key.removeprefix("ttft_").removesuffix("_s")
+    which = "the mean prompt" if what == "mean" else f"the {what} prompt"
+    return (
+        f"{t.label} is out of reach: on an idle server, with every earlier prefix cached, "
+        f"{which} alone needs {format_seconds(floor)} of prefill at TP{c.config.tp}; no "
+        "instance count meets it: raise model.tp or relax the target"
+    )
 
 
 def run_plan(
@@ -266,16 +334,23 @@ def run_plan(
     jobs: int = 0,
     address: str | None = None,
     progress: bool | None = None,
+    slo: Slo | None = None,
+    gpu_hour_usd: float = 0.0,
 ) -> Plan:
     """Search every configuration (module docstring) and return the :class:`Plan`.
 
     ``executor``/``jobs``/``address`` as :func:`studies.sweep.run_sweep`; ``progress``: a bar
-    over evaluations (None = only on a terminal). A failing simulation raises.
+    over evaluations (None = only on a terminal). ``slo``: what ``goodput`` counts (needed by
+    a goodput target). ``gpu_hour_usd``: a price per GPU-hour for the cost column (0: none).
+    A failing simulation raises.
     """
     from tqdm import tqdm
 
     if not targets:
         raise StudyError("a plan needs at least one target")
+    if slo is None and any(t.key == "goodput" for t in targets):
+        raise StudyError("a goodput target needs an SLO: --slo ttft=2s,tpot=50ms")
+    floors = [_floors(c, trace, targets) for c in configs]
     bar = tqdm(
         total=len(configs) * Search(max_instances).remaining_bound(),
         desc="plan",
@@ -290,20 +365,35 @@ def run_plan(
 
     dicts = [c.config for c in configs]
     try:
-        with Executor(trace, executor, jobs, address, on_done=lambda: bar.update(1)) as ex:
+        with Executor(trace, executor, jobs, address, lambda: bar.update(1), slo) as ex:
             searches = run_searches(
                 len(configs), targets, max_instances, lambda wave: ex.run(dicts, wave), on_wave
             )
     finally:
         bar.close()
-    return Plan(
-        list(targets),
-        max_instances,
-        [
-            ConfigPlan(c, s.answer, sorted(s.evaluations.values(), key=_n), s.monotone)
-            for c, s in zip(configs, searches, strict=True)
-        ],
-    )
+    plans = [
+        ConfigPlan(c, s.answer, sorted(s.evaluations.values(), key=_n), s.monotone,
+                   trend_notes(s.evaluations, targets), f)
+        for c, s, f in zip(configs, searches, floors, strict=True)
+    ]  # fmt: skip
+    name = trace.path.name if trace.path else ""
+    return Plan(list(targets), max_instances, plans, slo, gpu_hour_usd, name)
+
+
+def _floors(c: PlanConfig, trace: Trace, targets: Sequence[Target]) -> dict[str, float]:
+    """The zero-load floor of every TTFT target of ``c`` (none: no TTFT target)."""
+    from hicache.config import config_from_dict
+    from studies.plan.floor import request_floors, target_floor
+
+    if not any(target_floor(t, [0.0]) is not None for t in targets):
+        return {}
+    per_request = request_floors(config_from_dict(c.config), trace)
+    out = {}
+    for t in targets:
+        floor = target_floor(t, per_request)
+        if floor is not None:
+            out[t.key] = floor
+    return out
 
 
 def _n(e: Evaluation) -> int:
@@ -345,12 +435,14 @@ __all__ = [
     "Plan",
     "PlanConfig",
     "Search",
+    "Slo",
     "Target",
     "Variant",
     "arrival_span_s",
     "build_configs",
     "check_settable",
     "format_seconds",
+    "parse_slo",
     "parse_target",
     "parse_variant",
     "run_plan",

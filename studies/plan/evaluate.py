@@ -17,6 +17,7 @@ from studies.errors import StudyError
 from studies.sweep.executors import EXECUTORS, run_local
 
 if TYPE_CHECKING:
+    from studies.plan.targets import Slo
     from traces.schema import Trace
 
 Config = dict[str, dict[str, Any]]
@@ -26,31 +27,52 @@ _TRACES: dict[str, Trace] = {}
 
 
 class EvalTask(NamedTuple):
-    """One job: ``config`` with ``cluster.instances = instances``, over trace ``trace_key``."""
+    """One job: ``config`` with ``cluster.instances = instances``, over trace ``trace_key``;
+    with ``slo``, the summary gains ``goodput``."""
 
     config: Config
     instances: int
     trace_key: str
+    slo: Slo | None = None
 
 
-def simulate(config: Config, instances: int, trace: Trace) -> dict[str, Any]:
-    """The summary of one run of ``config`` with ``instances`` instances (no files)."""
+def simulate(
+    config: Config, instances: int, trace: Trace, slo: Slo | None = None
+) -> dict[str, Any]:
+    """The summary of one run of ``config`` with ``instances`` instances (no files), with
+    ``goodput`` (:func:`goodput`) when an ``slo`` is given."""
     from hicache.config import config_from_dict
     from sim.engine import run_simulation
 
     data = {section: dict(body) for section, body in config.items()}
     data.setdefault("cluster", {})["instances"] = instances
-    return run_simulation(config_from_dict(data), trace, None, progress=False)
+    frames: dict[str, Any] = {}
+    summary = run_simulation(config_from_dict(data), trace, None, False, frames)
+    if slo is not None:
+        summary["goodput"] = goodput(frames["requests"], slo)
+    return summary
+
+
+def goodput(requests: Any, slo: Slo) -> float:
+    """The share of ``requests`` (a run's request table) that finished with TTFT and TPOT
+    within ``slo``. A rejected or unfinished request misses; a request with one output token
+    has no TPOT and is judged on TTFT alone."""
+    if not len(requests):
+        return float("nan")
+    done = requests["finish_s"] >= 0
+    ttft_ok = requests["ttft_s"] <= slo.ttft_s
+    tpot_ok = requests["tpot_s"].isna() | (requests["tpot_s"] <= slo.tpot_s)
+    return float((done & ttft_ok & tpot_ok).sum() / len(requests))
 
 
 def evaluate(task: EvalTask) -> dict[str, Any]:
     """The job function of the local pool: :func:`simulate` on the shared trace."""
-    return simulate(task.config, task.instances, _TRACES[task.trace_key])
+    return simulate(task.config, task.instances, _TRACES[task.trace_key], task.slo)
 
 
 def _evaluate_with(task: EvalTask, trace: Trace) -> dict[str, Any]:
     """The job function of a Ray task (the trace comes from the object store)."""
-    return simulate(task.config, task.instances, trace)
+    return simulate(task.config, task.instances, trace, task.slo)
 
 
 class Executor:
@@ -69,6 +91,7 @@ class Executor:
         jobs: int = 0,
         address: str | None = None,
         on_done: Callable[[], None] | None = None,
+        slo: Slo | None = None,
     ) -> None:
         if kind not in EXECUTORS:
             raise StudyError(f"executor must be one of {', '.join(EXECUTORS)}, got {kind!r}")
@@ -77,6 +100,7 @@ class Executor:
         self.trace = trace
         self.kind, self.jobs, self.address = kind, jobs, address
         self.on_done = on_done
+        self.slo = slo
         self.key = f"plan-{id(self)}"
         self._ray: Any = None
         self._ray_started = False
@@ -95,7 +119,7 @@ class Executor:
 
     def run(self, configs: Sequence[Config], wave: Sequence[tuple[int, int]]) -> list[Any]:
         """Summaries of ``(configuration index, N)`` pairs, in order."""
-        tasks = [EvalTask(configs[i], n, self.key) for i, n in wave]
+        tasks = [EvalTask(configs[i], n, self.key, self.slo) for i, n in wave]
         if self.kind == "ray":
             return self._run_ray(tasks)
         results: dict[int, dict[str, Any]] = {}

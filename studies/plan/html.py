@@ -1,5 +1,7 @@
-"""The plan as a self-contained HTML page (``plan.html``): the targets, what the host tier
-saves, the table of configurations and the planning figure (inline SVG), readable offline."""
+"""The plan as a self-contained HTML page (``plan.html``): the trace and setups (model, GPU,
+TP, server), the targets, what the host tier saves (like for like), the notes (targets out of
+reach, best values reached, idle instances), the table of configurations and the planning
+figure (inline SVG), readable offline."""
 
 from __future__ import annotations
 
@@ -35,11 +37,14 @@ def plan_html(plan: Plan) -> str:
     """The page (a string); deterministic for a given plan."""
     from studies.plan.figure import plot_plan
 
-    cols = ["configuration", "instances", "gpu_hours", "host_dram_gb_per_instance", "hit_rate",
-            "device_hit_rate", "host_hit_rate", *(t.key for t in plan.targets)]  # fmt: skip
-    names = {"gpu_hours": "GPU-hours", "host_dram_gb_per_instance": "host DRAM / instance [GB]",
+    cols = ["configuration", "instances", "gpus", "servers", "gpu_hours",
+            *(["cost_usd"] if plan.gpu_hour_usd > 0 else []), "host_dram_gb_per_instance",
+            "hit_rate", "device_hit_rate", "host_hit_rate", "storage_hit_rate",
+            *(t.key for t in plan.targets)]  # fmt: skip
+    names = {"gpus": "GPUs", "gpu_hours": "GPU-hours", "cost_usd": "cost [$]",
+             "host_dram_gb_per_instance": "host DRAM / instance [GB]",
              "hit_rate": "hit rate", "device_hit_rate": "device hits",
-             "host_hit_rate": "host hits",
+             "host_hit_rate": "host hits", "storage_hit_rate": "L3 hits",
              **{t.key: t.key.removesuffix("_s") for t in plan.targets}}  # fmt: skip
     head = "".join(f"<th>{html.escape(names.get(c, c))}</th>" for c in cols)
     body = []
@@ -48,22 +53,35 @@ def plan_html(plan: Plan) -> str:
         for c in cols:
             v = r[c]
             text = f"&gt; {plan.max_instances}" if c == "instances" and v is None else None
+            if r["instances"] is None and c in {t.key for t in plan.targets}:
+                text = f"({html.escape(_cell(c, r[f'{c}_best']))} best)"
             cells.append(f"<td>{text or html.escape(_cell(c, v))}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
     targets = ", ".join(t.label for t in plan.targets)
+    if plan.slo is not None:
+        targets += f"; goodput counts requests with {plan.slo.label}"
     savings = "".join(f"<li>{html.escape(s)}</li>" for s in _savings(plan))
+    notes = "".join(f"<li>{html.escape(n)}</li>" for n in plan.notes())
+    setups = "".join(
+        f"<li>{html.escape(s)}</li>" for s in dict.fromkeys(c.config.setup for c in plan.configs)
+    )
+    trace = f"Trace <code>{html.escape(plan.trace)}</code>. " if plan.trace else ""
     svg = plot_plan(plan, fmt="svg").decode()
     svg = svg[svg.index("<svg") :]
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>hicache-sim plan</title><style>{_STYLE}</style></head><body>"
         "<h1>Capacity plan</h1>"
+        f"<p>{trace}Setups:</p><ul>{setups}</ul>"
         f"<p>Targets: {html.escape(targets)}, and not overloaded. Smallest number of instances "
         f"that meets them, searched up to {plan.max_instances} (doubling, then bisection).</p>"
-        f"<ul>{savings}</ul>"
-        f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
-        '<p class="note">GPU-hours: instances × model.tp × the trace\'s arrival span. The '
-        "figures rest on the simulator's timing profile (FIDELITY.md).</p>"
+        f"<h2>What HiCache saves (like for like)</h2><ul>{savings}</ul>"
+        + (f"<h2>Notes</h2><ul>{notes}</ul>" if notes else "")
+        + f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+        '<p class="note">GPU-hours: instances × model.tp × the trace\'s arrival span; servers: '
+        "instances placed whole on gpu.server's GPUs. A missed target shows the best value any "
+        "evaluated N reached. The figures rest on the simulator's timing profile "
+        "(FIDELITY.md).</p>"
         f"<figure>{svg}</figure></body></html>\n"
     )
 
@@ -71,4 +89,6 @@ def plan_html(plan: Plan) -> str:
 def _savings(plan: Plan) -> list[str]:
     from studies.plan import savings_lines
 
-    return savings_lines(plan)
+    return savings_lines(plan, plan.gpu_hour_usd) or [
+        "no configuration without a host tier to compare against"
+    ]

@@ -12,6 +12,7 @@ monotone` tells whether the evaluated points contradict the assumption.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -30,9 +31,9 @@ class Verdict(NamedTuple):
 
 
 def judge(summary: Summary, targets: Sequence[Target]) -> Verdict:
-    """A run passes when it is not ``overloaded`` and every target's key is at most its
-    limit (a NaN, e.g. no request finished, fails). Raises ``ValueError`` naming the
-    summary's numeric keys when a target's key is missing."""
+    """A run passes when it is not ``overloaded`` and every target's key is within its bound
+    (a NaN, e.g. no request finished, fails). Raises ``StudyError`` naming the summary's
+    numeric keys when a target's key is missing."""
     if summary.get("overloaded"):
         return Verdict(False, "overloaded")
     for t in targets:
@@ -42,9 +43,46 @@ def judge(summary: Summary, targets: Sequence[Target]) -> Verdict:
                 f"{', '.join(numeric_keys(summary))}"
             )
         value = float(summary[t.key])
-        if not value <= t.limit:  # NaN fails too
-            return Verdict(False, f"{t.key} {value:.4g} > {t.limit:.4g}")
+        if not t.meets(value):  # NaN fails too
+            miss = ">" if t.op == "<=" else "<"
+            return Verdict(False, f"{t.key} {value:.4g} {miss} {t.limit:.4g}")
     return Verdict(True, "")
+
+
+#: A target's value counts as worse at a larger N when it is worse by more than this share
+#: (the simulator is deterministic; routing alone moves p90s by a few tenths of a percent).
+TREND_TOLERANCE = 0.02
+
+
+def trend_notes(evaluations: Mapping[int, Evaluation], targets: Sequence[Target]) -> list[str]:
+    """Where a target's value gets worse as N grows (latency rising with instances, goodput
+    falling): the search's assumption fails there, so a smaller passing N may have been
+    skipped. One note per target: its worst step between evaluated N."""
+    ns = sorted(evaluations)
+    notes = []
+    for t in targets:
+        values = [(n, float(evaluations[n].summary.get(t.key, math.nan))) for n in ns]
+        values = [(n, v) for n, v in values if v == v]
+        worst: tuple[float, int, float, int, float] | None = None
+        for (n0, v0), (n1, v1) in itertools.pairwise(values):
+            scale = max(abs(v0), abs(v1), 1e-12)
+            worse = (v1 - v0) / scale if t.op == "<=" else (v0 - v1) / scale
+            if worse > TREND_TOLERANCE and (worst is None or worse > worst[0]):
+                worst = (worse, n0, v0, n1, v1)
+        if worst is not None:
+            _, n0, v0, n1, v1 = worst
+            verb = "rises" if t.op == "<=" else "falls"
+            notes.append(
+                f"{t.key} {verb} with more instances: {_value(t.key, v0)} at N = {n0}, "
+                f"{_value(t.key, v1)} at N = {n1}"
+            )
+    return notes
+
+
+def _value(key: str, v: float) -> str:
+    from studies.plan.targets import format_seconds
+
+    return format_seconds(v) if key.endswith("_s") else f"{v:.4g}"
 
 
 def numeric_keys(summary: Summary) -> list[str]:
@@ -172,4 +210,5 @@ __all__ = [
     "judge",
     "numeric_keys",
     "run_searches",
+    "trend_notes",
 ]

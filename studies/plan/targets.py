@@ -1,13 +1,24 @@
 """What a plan is asked: latency targets (``ttft_p90=2s``) and the configurations to size
 (a base config × variants × routers).
 
-A target is an upper bound on one numeric key of a run's summary (:func:`sim.engine.
-run_simulation`): ``NAME=VALUE`` or ``NAME<=VALUE``. ``NAME`` is the summary key, with or
-without its ``_s`` (seconds) suffix: ``ttft_p90`` and ``ttft_p90_s`` are the same key. A key in
-seconds takes a duration, ``2s``, ``50ms``, ``1.5min`` or a plain number of seconds; any other
-key takes a plain number. Only upper bounds exist (``hit_rate>=0.5`` is an error): the search
-assumes the metric does not grow as instances are added, which holds for latencies, not for
-hit rates (more instances split the cache).
+A target bounds one numeric key of a run's summary (:func:`sim.engine.run_simulation`, plus
+the plan's own ``goodput``): an upper bound ``NAME<=VALUE`` (``NAME=VALUE`` is the same, for
+keys that are better when lower: latencies) or a lower bound ``NAME>=VALUE`` (hit rates,
+throughput, goodput). ``NAME`` is the summary key, with or without its ``_s`` (seconds) suffix:
+``ttft_p90`` and ``ttft_p90_s`` are the same key. A key in seconds takes a duration, ``2s``,
+``50ms``, ``1.5min`` or a plain number of seconds; any other key takes a plain number. A key
+that is better when higher must be written with ``>=`` (``hit_rate=0.5`` is refused: it would
+read as "at most half").
+
+``goodput`` is the share of the trace's requests that finish within an SLO (``--slo
+ttft=2s,tpot=50ms``, :class:`Slo`): the requests that were rejected or missed either bound
+count against it.
+
+The search (:mod:`~studies.plan.search`) assumes a run passes from some N on and keeps passing:
+true of latencies, throughput and goodput (more instances, less load on each); a hit rate may
+go either way (more instances split the traffic, but add cache), so a lower bound on one is
+judged at each N like any other and the plan says when the evaluated points contradict the
+assumption.
 """
 
 from __future__ import annotations
@@ -32,17 +43,77 @@ _ITEM_SPLIT = re.compile(r",(?=\s*[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*
 
 
 class Target(NamedTuple):
-    """An upper bound: a run meets it when ``summary[key] <= limit`` (NaN never does)."""
+    """A bound: a run meets it when ``summary[key] <= limit`` (``op`` ``"<="``) or ``>=``
+    (``op`` ``">="``); NaN never does."""
 
     key: str
     limit: float
+    op: str = "<="
 
     @property
     def label(self) -> str:
         """``ttft_p90 <= 2 s``: the key without ``_s`` and the limit in its unit."""
         if self.key.endswith("_s"):
-            return f"{self.key[:-2]} <= {format_seconds(self.limit)}"
-        return f"{self.key} <= {self.limit:g}"
+            return f"{self.key[:-2]} {self.op} {format_seconds(self.limit)}"
+        return f"{self.key} {self.op} {self.limit:g}"
+
+    def meets(self, value: float) -> bool:
+        """Whether ``value`` is within the bound (NaN: never)."""
+        return value <= self.limit if self.op == "<=" else value >= self.limit
+
+    def better(self, a: float, b: float) -> float:
+        """The better of two values of this key (NaN loses)."""
+        if a != a:
+            return b
+        if b != b:
+            return a
+        return min(a, b) if self.op == "<=" else max(a, b)
+
+
+def higher_is_better(key: str) -> bool:
+    """Whether a summary key is better when higher (hit rates, throughput, goodput, rates of
+    service); latencies, queues, stalls and byte counts are better when lower."""
+    return (
+        key.endswith("hit_rate") or key.startswith("throughput") or key == "goodput"
+        or key.endswith("_rps") or key == "finished_requests"
+    )  # fmt: skip
+
+
+class Slo(NamedTuple):
+    """A per-request SLO for ``goodput``: TTFT and TPOT at most these seconds (inf: none)."""
+
+    ttft_s: float = math.inf
+    tpot_s: float = math.inf
+
+    @property
+    def label(self) -> str:
+        parts = [f"TTFT <= {format_seconds(self.ttft_s)}"] if math.isfinite(self.ttft_s) else []
+        if math.isfinite(self.tpot_s):
+            parts.append(f"TPOT <= {format_seconds(self.tpot_s)}")
+        return " and ".join(parts)
+
+
+def parse_slo(text: str) -> Slo:
+    """``"ttft=2s,tpot=50ms"`` -> :class:`Slo` (either part may be left out)."""
+    where = f"--slo {text!r}"
+    values: dict[str, float] = {}
+    for item in (i.strip() for i in text.split(",") if i.strip()):
+        name, eq, value = item.partition("=")
+        name = name.strip().lower()
+        if not eq or name not in ("ttft", "tpot") or name in values:
+            raise StudyError(f"{where}: expected ttft=DURATION and/or tpot=DURATION, e.g. "
+                             "ttft=2s,tpot=50ms")  # fmt: skip
+        values[name] = _duration(value.strip().lower(), where)
+    if not values:
+        raise StudyError(f"{where}: expected ttft=DURATION and/or tpot=DURATION")
+    return Slo(values.get("ttft", math.inf), values.get("tpot", math.inf))
+
+
+def _duration(value: str, where: str) -> float:
+    unit = next(((u, f) for u, f in UNITS if value.endswith(u)), None)
+    if unit is None:
+        return _number(value, where)
+    return _number(value[: -len(unit[0])].strip(), where) * unit[1]
 
 
 class Variant(NamedTuple):
@@ -93,33 +164,49 @@ def _resolve_key(name: str, keys: Collection[str] | None, where: str) -> str:
 
 
 def parse_target(text: str, keys: Collection[str] | None = None) -> Target:
-    """``"ttft_p90=2s"`` -> ``Target("ttft_p90_s", 2.0)`` (module docstring for the syntax).
+    """``"ttft_p90=2s"`` -> ``Target("ttft_p90_s", 2.0)``, ``"hit_rate>=0.5"`` ->
+    ``Target("hit_rate", 0.5, ">=")`` (module docstring for the syntax).
 
     ``keys``: the numeric summary keys a target may name (:func:`studies.plan.summary_keys`);
     without them, ``NAME`` gets ``_s`` appended when the value has a duration unit, and is
-    otherwise kept as written. Raises ``ValueError`` (one line, naming ``text``) for bad syntax,
-    an unknown key, a unit on a key that is not in seconds, or a negative value.
+    otherwise kept as written. Raises ``StudyError`` (one line, naming ``text``) for bad
+    syntax, an unknown key, a unit on a key that is not in seconds, a negative value, or ``=``
+    on a key that is better when higher.
     """
     where = f"--target {text!r}"
-    if ">" in text:
-        raise StudyError(f"{where}: targets are upper bounds (NAME=VALUE or NAME<=VALUE)")
-    name, sep, value = text.partition("<=")
-    if not sep:
-        name, sep, value = text.partition("=")
-    name, value = name.strip(), value.strip().lower()
-    if not sep or not _NAME.fullmatch(name) or not value:
-        raise StudyError(f"{where}: expected NAME=VALUE, e.g. ttft_p90=2s or tpot_mean=50ms")
+    name, op, value = _split_bound(text, where)
     unit = next(((u, f) for u, f in UNITS if value.endswith(u)), None)
     if keys is None and unit is not None and not name.endswith("_s"):
         key = f"{name}_s"
     else:
         key = _resolve_key(name, keys, where)
+    if op == "=":
+        if higher_is_better(key):
+            raise StudyError(
+                f"{where}: {key} is better when higher: write {name}>={value} for at least "
+                f"{value} (or {name}<={value} for at most)"
+            )
+        op = "<="
     if unit is None:
-        return Target(key, _number(value, where))
+        return Target(key, _number(value, where), op)
     if not key.endswith("_s"):
         raise StudyError(f"{where}: {key} is not in seconds: give a plain number")
-    suffix, factor = unit
-    return Target(key, _number(value[: -len(suffix)].strip(), where) * factor)
+    return Target(key, _duration(value, where), op)
+
+
+def _split_bound(text: str, where: str) -> tuple[str, str, str]:
+    """``NAME``, the operator (``<=``, ``>=`` or ``=``) and the value, lower-cased."""
+    for op in ("<=", ">=", "="):
+        name, sep, value = text.partition(op)
+        if sep:
+            break
+    name, value = name.strip(), value.strip().lower()
+    if not sep or not _NAME.fullmatch(name) or not value or value[0] in "<>=":
+        raise StudyError(
+            f"{where}: expected NAME<=VALUE, NAME>=VALUE or NAME=VALUE (an upper bound), e.g. "
+            "ttft_p90=2s, tpot_mean<=50ms or hit_rate>=0.5"
+        )
+    return name, op, value
 
 
 def parse_variant(text: str) -> Variant:
@@ -166,11 +253,14 @@ __all__ = [
     "PLANNER_KEYS",
     "ROUTER_KEY",
     "UNITS",
+    "Slo",
     "Target",
     "Variant",
     "check_names",
     "check_settable",
     "format_seconds",
+    "higher_is_better",
+    "parse_slo",
     "parse_target",
     "parse_variant",
 ]
