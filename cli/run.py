@@ -440,6 +440,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     check_output_dir(args.out, force=args.force, what="run directory")
     trace = _load_trace(args.trace)
     resolved.print_notes()
+    print(format_setup(cfg, trace), flush=True)
     created = not args.out.exists()
     try:
         summary = run_simulation(cfg, trace, args.out)
@@ -456,6 +457,42 @@ def _cmd_run(args: argparse.Namespace) -> int:
     print(f"as SGLang flags: {format_sglang_command(cfg).splitlines()[0]}")
     print(f"run directory: {args.out}")
     return 0
+
+
+def format_setup(cfg: Any, trace: Any) -> str:
+    """What a run is about to simulate, resolved: model, GPU, TP and server; the pools in
+    tokens and GB per rank (the unit of ``--hicache-size``); and how arrivals are replayed."""
+    from hicache.config import resolve_pools, server_for
+    from sim.engine import resolve_closed_loop
+
+    device, host, bpt = resolve_pools(cfg)
+    tp, server = cfg.model.tp, server_for(cfg)
+    policy = cfg.cache.write_policy if cfg.cache.enable_host else "no host tier"
+    lines = [
+        f"setup: {cfg.model.spec.name} on {cfg.gpu.name} x TP{tp} (server {server.name}), "
+        f"SGLang {cfg.sglang.version}, {policy}"
+    ]
+    pools = f"pools: device {device:,} tokens ({device * bpt / 1e9:,.1f} GB per rank)"
+    if cfg.cache.enable_host:
+        pools += (
+            f", host {host:,} tokens ({host * bpt / 1e9:,.1f} GB per rank, "
+            f"{host * bpt * tp / 1e9:,.1f} GB per instance)"
+        )
+    lines.append(pools)
+    n = cfg.workload.max_requests or len(trace.requests)
+    if resolve_closed_loop(cfg.workload.closed_loop, trace, n):
+        lines.append(
+            "arrivals: closed loop (the trace records think times: each turn arrives its think "
+            "time after the previous turn finished; workload.closed_loop=off replays the "
+            "timestamps)"
+        )
+    elif cfg.workload.rate_scale != 1:
+        lines.append(
+            f"arrivals: open loop (the trace's timestamps, {cfg.workload.rate_scale:g}x as fast)"
+        )
+    else:
+        lines.append("arrivals: open loop (the trace's timestamps)")
+    return "\n".join(lines)
 
 
 def _duration(seconds: float) -> str:

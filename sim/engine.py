@@ -417,7 +417,7 @@ def run_simulation(
     frames = engine.frames(take=True)
     if frames_out is not None:
         frames_out.update(frames)
-    summary = summarize(frames, duration, time.perf_counter() - t0)
+    summary = summarize(frames, duration, time.perf_counter() - t0, closed_loop)
     summary["sglang_version"] = cfg.sglang.version
     summary.update(storage_summary(engine, frames))
     if cfg.cluster.instances > 1:
@@ -451,7 +451,7 @@ def run_simulation(
 
 
 def fleet_summary(
-    frames: dict[str, Any], duration: float, policy: str, instances: int
+    frames: dict[str, Any], duration: float, policy: str, instances: int, closed_loop: bool = False
 ) -> dict[str, Any]:
     """What a cluster adds to ``summary.json``: the instance count and router, each instance's
     own summary (hit rates, latencies and its own overload check, ``per_instance``; an
@@ -465,7 +465,7 @@ def fleet_summary(
     for i in range(instances):
         part = parts.get(i, req.iloc[0:0])
         own = {"requests": part.reset_index(drop=True), "transfers": tr[tr["instance"] == i]}
-        one = summarize(own, duration, 0.0)
+        one = summarize(own, duration, 0.0, closed_loop)
         one.pop("wall_time_s", None)
         per.append({"instance": i, **one})
     counts = [p["requests"] for p in per]

@@ -225,16 +225,24 @@ OVERLOAD_STRETCH = 1.2
 #: at least OVERLOAD_MIN_QUEUE_S: the queue grew over the run instead of staying level
 OVERLOAD_QUEUE_GROWTH = 5.0
 OVERLOAD_MIN_QUEUE_S = 1.0
+#: closed loop: a turn arrives only after the previous one finished, so arrivals slow down with
+#: the server and the run never outlasts them; saturation shows as queueing instead: the last
+#: tenth queued at least OVERLOAD_MIN_QUEUE_S and this many times its own service time (TTFT
+#: minus queueing) -- requests wait mostly for each other, not for their own prefill
+CLOSED_LOOP_QUEUE_OVER_SERVICE = 10.0
 
 
-def overload(req: Any, sim_duration_s: float) -> dict[str, Any]:
+def overload(req: Any, sim_duration_s: float, closed_loop: bool = False) -> dict[str, Any]:
     """Whether the offered load exceeded what the simulated server serves.
 
     ``arrival_rate_rps``: requests over the arrival span; ``service_rate_rps``: requests over
     the whole run (what the server managed; equal to the arrival rate when it keeps up).
     Overloaded when the run outlasts the arrivals by ``OVERLOAD_STRETCH`` *and* the queueing
     delay grew from the first tenth of arrivals to the last (a queue without bound, not one
-    long request at the end). ``overload_message`` says what to do (empty when not
+    long request at the end). In closed loop (``closed_loop``) the arrivals follow the
+    completions, so the two rates are equal by construction and the stretch never shows: there
+    the queue growth alone, or a last tenth that queued ``CLOSED_LOOP_QUEUE_OVER_SERVICE``
+    times its own service time, counts. ``overload_message`` says what to do (empty when not
     overloaded). The keys go into ``summary.json`` as they are (flat, for results tables).
     """
     import numpy as np
@@ -255,13 +263,30 @@ def overload(req: Any, sim_duration_s: float) -> dict[str, Any]:
     tenth = max(1, n // 10)
     q_first, q_last = float(np.median(queue[:tenth])), float(np.median(queue[-tenth:]))
     lam, mu = n / span, n / run
-    over = (
-        run > OVERLOAD_STRETCH * span
-        and q_last >= OVERLOAD_MIN_QUEUE_S
-        and q_last > OVERLOAD_QUEUE_GROWTH * max(q_first, 1e-3)
-    )
+    grew = q_last >= OVERLOAD_MIN_QUEUE_S and q_last > OVERLOAD_QUEUE_GROWTH * max(q_first, 1e-3)
+    over = run > OVERLOAD_STRETCH * span and grew
     out.update(arrival_rate_rps=lam, service_rate_rps=mu, queue_first_tenth_s=q_first,
                queue_last_tenth_s=q_last, overloaded=bool(over))  # fmt: skip
+    if closed_loop and not over:
+        service = done["ttft_s"].to_numpy(dtype=float)[-tenth:] - queue[-tenth:]
+        s_last = float(np.median(service))
+        saturated = q_last >= OVERLOAD_MIN_QUEUE_S and q_last > (
+            CLOSED_LOOP_QUEUE_OVER_SERVICE * max(s_last, 1e-3)
+        )
+        if grew or saturated:
+            out["overloaded"] = True
+            how = (f"grows over the run (median {q_first:.1f} s for the first tenth of "
+                   f"arrivals, {q_last:.1f} s for the last)" if grew else
+                   f"is {q_last:.1f} s (median, last tenth of arrivals), {q_last / s_last:.0f}x "
+                   "the requests' own prefill")  # fmt: skip
+            out["overload_message"] = (
+                f"overloaded (closed loop): queueing {how}. In closed loop each turn arrives "
+                "after the previous one finished, so arrivals slow down with the server and "
+                "the arrival rate cannot show the overload; lower workload.rate_scale (fewer "
+                "sessions started per second), replay fewer requests (workload.max_requests) "
+                "or simulate more capacity (cluster.instances, a bigger GPU or TP)"
+            )
+        return out
     if over:
         out["overload_message"] = (
             f"overloaded: requests arrive at {lam:.2f}/s but the simulated server serves "
@@ -273,8 +298,11 @@ def overload(req: Any, sim_duration_s: float) -> dict[str, Any]:
     return out
 
 
-def summarize(frames: dict[str, Any], sim_duration_s: float, wall_time_s: float) -> dict[str, Any]:
-    """The headline figures of a run (``summary.json``)."""
+def summarize(
+    frames: dict[str, Any], sim_duration_s: float, wall_time_s: float, closed_loop: bool = False
+) -> dict[str, Any]:
+    """The headline figures of a run (``summary.json``); ``closed_loop``: the run replayed the
+    trace's think times (its overload check differs: :func:`overload`)."""
     req = frames["requests"]
     tr = frames["transfers"]
     done = req[req["finish_s"] >= 0]
@@ -319,7 +347,8 @@ def summarize(frames: dict[str, Any], sim_duration_s: float, wall_time_s: float)
         "bytes_h2d": bytes_h2d,
         "sim_duration_s": sim_duration_s,
         "wall_time_s": wall_time_s,
-        **overload(req, sim_duration_s),
+        "closed_loop": closed_loop,
+        **overload(req, sim_duration_s, closed_loop),
     }
 
 

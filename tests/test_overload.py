@@ -56,3 +56,51 @@ def test_one_long_request_at_the_end_is_not_overload() -> None:
 def test_too_few_requests_say_nothing() -> None:
     out = overload(_frame([0.0, 1.0], [0.0, 50.0]), sim_duration_s=100.0)
     assert out["overloaded"] is False and math.isnan(out["arrival_rate_rps"])
+
+
+def _closed(queues: list[float], service: float) -> pd.DataFrame:
+    """Closed loop: each request arrives as the one before it finished (the run never outlasts
+    the arrivals), TTFT = its queueing + ``service``."""
+    arrivals, t = [], 0.0
+    for q in queues:
+        arrivals.append(t)
+        t += q + service
+    df = pd.DataFrame({"arrival_s": arrivals, "queue_s": queues})
+    df["ttft_s"] = df["queue_s"] + service
+    df["finish_s"] = df["arrival_s"] + df["ttft_s"]
+    return df
+
+
+def test_closed_loop_overload_is_seen_in_the_queue() -> None:
+    """Arrival rate = service rate by construction in closed loop: the open-loop rule sees
+    nothing; a growing queue, or one ten times the requests' own service, is overload."""
+    growing = _closed([0.05 * i for i in range(100)], 0.2)
+    end = float(growing["finish_s"].iloc[-1])
+    assert overload(growing, end)["overloaded"] is False  # the open-loop rule: no stretch
+    out = overload(growing, end, closed_loop=True)
+    assert out["overloaded"] is True
+    assert out["overload_message"].startswith("overloaded (closed loop): queueing grows")
+    level = _closed([5.0] * 100, 0.2)  # saturated: level, but 25x the service time
+    out = overload(level, float(level["finish_s"].iloc[-1]), closed_loop=True)
+    assert out["overloaded"] is True and "25x the requests' own prefill" in out["overload_message"]
+    idle = _closed([0.01] * 100, 0.2)
+    assert overload(idle, float(idle["finish_s"].iloc[-1]), closed_loop=True)["overloaded"] is False
+
+
+def test_closed_loop_overload_end_to_end() -> None:
+    """The agentic trace (think times: closed loop) on a small Qwen3-32B pool: at 4x its
+    session rate the queue grows to seconds, which the run now reports; at 1x it keeps up."""
+    from pathlib import Path
+
+    from hicache.config import load_config
+    from sim.engine import run_simulation
+    from traces.io import read_trace
+
+    root = Path(__file__).resolve().parent.parent
+    trace = read_trace(root / "traces" / "data" / "synthetic" / "agentic.jsonl")
+    base = ["model.name=qwen3-32b", "gpu.device_tokens=65536"]
+    busy = run_simulation(load_config(None, [*base, "workload.rate_scale=4"]), trace, None, False)
+    assert busy["closed_loop"] is True and busy["overloaded"] is True
+    assert "closed loop" in busy["overload_message"]
+    calm = run_simulation(load_config(None, base), trace, None, False)
+    assert calm["closed_loop"] is True and calm["overloaded"] is False

@@ -25,6 +25,11 @@ def test_run_writes_the_run_directory(tmp_path: Path, capsys: pytest.CaptureFixt
     assert rc == 0
     text = capsys.readouterr().out
     assert "hit rate" in text and "TTFT" in text
+    # the resolved setup first: GPU, pools in tokens and GB per rank, the loop mode
+    assert text.startswith("setup: llama-3-8b on h100-sxm x TP1 (server dgx-h100), SGLang ")
+    bpt = 32 * 8 * 128 * 2 * 2  # Llama-3-8B: layers x KV heads x head dim x K,V x bf16
+    assert f"pools: device 65,536 tokens ({65536 * bpt / 1e9:,.1f} GB per rank)" in text
+    assert "arrivals: closed loop (the trace records think times" in text
     for name in ("config.json", "summary.json", "requests.parquet", "timeline.parquet",
                  "transfers.parquet", "trace.json"):  # fmt: skip
         assert (out / name).exists(), name
