@@ -38,7 +38,7 @@ native: $(VENV)/.native
 
 demo: $(VENV)/.base $(VENV)/.native
 	$(BIN)/python -m hicache.policy.native build --if-needed --optional
-	$(BIN)/hicache-sim demo --out runs/demo
+	$(BIN)/hicache-sim demo --out runs/demo --force
 
 lint: $(VENV)/.dev
 	$(BIN)/ruff check .

@@ -137,16 +137,19 @@ def _probe_folder(folder: Path, target: Path, what: str) -> None:
 
 
 def check_output_file(
-    path: Path, suffixes: Sequence[str], *, what: str, option: str = "--out"
+    path: Path, suffixes: Sequence[str], *, what: str, option: str = "--out", force: bool = False
 ) -> None:
     """Before any work: ``path`` (the value of ``option``) must end in one of ``suffixes``
-    (e.g. ``(".png", ".svg", ".pdf")``), must not be a folder, and its folder must be
-    writable (it is created later if missing; nothing is left behind by the check)."""
+    (e.g. ``(".png", ".svg", ".pdf")``), must not be a folder, must not exist unless ``force``
+    (the command's ``--force``), and its folder must be writable (it is created later if
+    missing; nothing is left behind by the check)."""
     name = path.name.lower()
     if suffixes and not any(name.endswith(s) for s in suffixes):
         raise UserError(f"{path}: {option} must end in {', '.join(suffixes)} ({what})")
     if path.is_dir():
         raise UserError(f"{path}: {option} is a directory, not a file ({what})")
+    if path.exists() and not force:
+        raise UserError(f"{path}: {what} exists (use --force to overwrite, or a new {option})")
     _probe_folder(path.parent, path, what)
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from cli.args import int_at_least, jobs_arg
+from cli.args import check_output_dir, int_at_least, jobs_arg
 from cli.run import REPO_DATA, _load_trace, _write_csv, format_hitrate_table
 from hicache.versions import DEFAULT_SGLANG_VERSION, SGLANG_VERSIONS
 
@@ -81,6 +81,7 @@ def _add_demo(sub: Any) -> None:
         f"{DEFAULT_SGLANG_VERSION}); the write policies also run under the other release, "
         "side by side: what upgrading changes",
     )  # fmt: skip
+    p.add_argument("--force", action="store_true", help="overwrite a non-empty --out")
     p.set_defaults(func=_cmd_demo)
 
 
@@ -287,6 +288,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from studies.report import build_report
     from traces.fsutil import write_text_atomic
 
+    check_output_dir(args.out, force=args.force, what="demo folder")
     args.out.mkdir(parents=True, exist_ok=True)
     trace = _load_trace(args.trace)
     if args.max_requests:

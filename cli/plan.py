@@ -29,6 +29,7 @@ DEFAULT_VARIANTS_TEXT = "'no host tier', 'host x2' (cache.hicache_ratio=2), 'hos
 def register(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``plan`` command to an argparse sub-parsers object."""
     from cli.config import add_config_options
+    from cli.run import add_max_requests
     from studies.sweep import EXECUTORS
 
     p: argparse.ArgumentParser = subparsers.add_parser(
@@ -75,6 +76,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--out", type=Path, help="folder for plan.json, plan.csv, plan.png and plan.html"
     )
+    p.add_argument("--force", action="store_true", help="overwrite a non-empty --out")
+    add_max_requests(p)
     add_config_options(p)
     p.add_argument(
         "--jobs", type=jobs_arg, default=0,
@@ -97,7 +100,7 @@ def _inputs(args: argparse.Namespace) -> tuple[Any, Any, list[Any], list[Any], A
     """(config, trace, configurations, targets, SLO or None), every one checked;
     ``UserError`` else."""
     from cli.config import resolve_config
-    from cli.run import _load_trace
+    from cli.run import _load_trace, max_requests_override
     from studies.plan import (
         DEFAULT_VARIANTS,
         build_configs,
@@ -121,10 +124,10 @@ def _inputs(args: argparse.Namespace) -> tuple[Any, Any, list[Any], list[Any], A
     except ValueError as e:
         raise UserError(str(e)) from None
     routers = [r.strip() for r in args.router.split(",") if r.strip()]
-    resolved = resolve_config(args)
+    resolved = resolve_config(args, max_requests_override(args))
     if args.out is not None:
-        check_output_dir(args.out, force=True, what="plan folder")
-    trace = _load_trace(args.trace)
+        check_output_dir(args.out, force=args.force, what="plan folder")
+    trace = _load_trace(args.trace, args.lenient)
     try:
         configs = build_configs(resolved.cfg, trace, variants, routers)
     except ValueError as e:

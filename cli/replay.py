@@ -126,7 +126,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     from replay.calibrate import calibrate, load_bench, replay_rows
     from replay.presets import gpu_preset_for
 
-    check_output_file(args.out, (".json",), what="profile")
+    check_output_file(args.out, (".json",), what="profile", force=args.force)
     bench, meta = load_bench(args.bench_dir)
     machine = meta.get("machine", {})
     gpu = args.gpu
@@ -409,6 +409,7 @@ def _add_calibrate(sub: Any) -> None:
     c.add_argument("bench_dir", type=Path)
     c.add_argument("replay_dirs", type=Path, nargs="*", help="replay run folders (ops.parquet)")
     c.add_argument("--out", type=Path, required=True, help="profile JSON to write")
+    c.add_argument("--force", action="store_true", help="overwrite an existing --out")
     c.add_argument("--gpu", help="GPU preset the profile is for (default: detected; CPU: h100-sxm)")
     c.add_argument("--link", help="link preset (default: the GPU's usual link)")
     c.add_argument(

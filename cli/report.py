@@ -26,6 +26,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("dirs", type=Path, nargs="+", metavar="DIR", help="run or sweep directory")
     p.add_argument("--out", type=Path, required=True, help="HTML file to write (FILE.html)")
+    p.add_argument("--force", action="store_true", help="overwrite an existing --out")
     p.add_argument("--pdf", action="store_true", help="also write the figures as a PDF")
     p.set_defaults(func=_cmd_report, user_errors=input_errors)
     return p
@@ -36,7 +37,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from cli.errors import UserError
 
     # before rendering: a directory or a typo in --out must not cost the work
-    check_output_file(args.out, (".html", ".htm"), what="HTML report")
+    check_output_file(args.out, (".html", ".htm"), what="HTML report", force=args.force)
     try:
         out = build_report(list(args.dirs), args.out, pdf=args.pdf)
     except OSError as e:

@@ -58,18 +58,41 @@ def _check_names(option: str, what: str, names: Sequence[str], choices: Sequence
         raise UserError(f"{option}: unknown {what} {names}; choose from {', '.join(choices)}")
 
 
-def _load_trace(path: Path) -> Any:
+def _load_trace(path: Path, lenient: bool = False) -> Any:
+    """The trace at ``path``; ``lenient``: malformed lines are skipped, and one warning line
+    says how many and why. Every read error is a ``UserError``."""
+    import warnings
+
     from traces.io import read_trace
     from traces.schema import TraceError
 
     try:
-        return read_trace(path)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the one-line summary below instead
+            trace = read_trace(path, lenient=lenient)
+        if trace.skipped:
+            print(f"warning: {path}: {trace.skip_summary()}", file=sys.stderr)
+        return trace
     except TraceError as e:
         raise UserError(str(e)) from None
     except OSError as e:
         raise UserError(f"{path}: cannot read trace: {e.strerror or e}") from None
     except ValueError as e:  # e.g. a Parquet file pyarrow cannot read
         raise UserError(f"{path}: cannot read trace: {' '.join(str(e).split())}") from None
+
+
+def add_max_requests(p: argparse.ArgumentParser) -> None:
+    """``--max-requests N``: replay only the trace's first N requests."""
+    p.add_argument(
+        "--max-requests", type=int_at_least(1), metavar="N",
+        help="replay only the trace's first N requests (workload.max_requests; default: all)",
+    )  # fmt: skip
+
+
+def max_requests_override(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """``--max-requests`` as a config override for :func:`cli.config.resolve_config`."""
+    n = getattr(args, "max_requests", None)
+    return [(f"workload.max_requests={n}", f"--max-requests {n}")] if n else []
 
 
 def _write_csv(rows: Sequence[dict[str, Any]], path: Path) -> None:
@@ -150,7 +173,8 @@ def _add_hitrate(sub: Any) -> None:
     l3.add_argument(
         "--storage-tokens", type=_storage_list, metavar="S[,S...]",
         help="add an L3 store behind the host pool: its size in tokens, or 'unlimited' (a "
-        "page LRU when bounded); rows then split hits into device / host / storage",
+        "page LRU when bounded); 0 = no store (a baseline row); rows then split hits into "
+        "device / host / storage",
     )  # fmt: skip
     l3.add_argument(
         "--prefetch-policy", choices=PREFETCH_POLICIES, default="timeout",
@@ -166,15 +190,24 @@ def _add_hitrate(sub: Any) -> None:
     p.add_argument("--csv", type=Path, help="write the table as CSV (FILE.csv)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--plot", type=Path, help="write hit rate vs capacity (.png, .svg or .pdf)")
+    p.add_argument("--force", action="store_true", help="overwrite an existing --csv or --plot")
+    add_max_requests(p)
+    p.add_argument(
+        "--lenient", action="store_true", help="skip malformed trace lines (counted, one warning)"
+    )
     p.set_defaults(func=_cmd_hitrate)
 
 
-def _storage_list(text: str) -> list[int]:
-    """``--storage-tokens``: sizes in tokens, ``unlimited`` (0 inside) allowed."""
-    out = []
+def _storage_list(text: str) -> list[int | None]:
+    """``--storage-tokens``: sizes in tokens; ``unlimited`` (0 inside: HitRateConfig's
+    unbounded store) and ``0`` (None: no store, the baseline row) allowed."""
+    out: list[int | None] = []
     for part in text.split(","):
         part = part.strip().lower()
-        out += [0] if part in ("unlimited", "inf") else _int_list(part)
+        if part in ("unlimited", "inf"):
+            out.append(0)
+        else:
+            out += [n or None for n in _int_list(part)]
     return out
 
 
@@ -237,6 +270,12 @@ def _hitrate_configs(args: argparse.Namespace, notes: list[str]) -> list[Any]:
 
     _check_names("--sglang-version", "SGLang version", args.sglang_version, list(SGLANG_VERSIONS))
     args.device_tokens = _device_sizes(args, notes)
+    for n in args.storage_tokens or []:
+        if n and n % args.page_size:
+            raise UserError(
+                f"--storage-tokens: {n:,} is not a multiple of the page size {args.page_size} "
+                "(0 = no store, 'unlimited' = an unbounded one)"
+            )
     configs = [
         HitRateConfig(
             device_tokens=dev,
@@ -284,10 +323,14 @@ def _cmd_hitrate(args: argparse.Namespace) -> int:
     notes: list[str] = []
     configs = _hitrate_configs(args, notes)
     if args.csv:
-        check_output_file(args.csv, (".csv",), what="CSV table", option="--csv")
+        check_output_file(args.csv, (".csv",), what="CSV table", option="--csv", force=args.force)
     if args.plot:
-        check_output_file(args.plot, PLOT_SUFFIXES, what="plot", option="--plot")
-    trace = _load_trace(args.trace)
+        check_output_file(args.plot, PLOT_SUFFIXES, what="plot", option="--plot", force=args.force)
+    trace = _load_trace(args.trace, args.lenient)
+    if args.max_requests:
+        from dataclasses import replace
+
+        trace = replace(trace, requests=trace.requests[: args.max_requests])
     try:
         inf = infinite_capacity_hit_rate(trace, args.page_size)
     except ValueError as e:
@@ -406,6 +449,7 @@ def _add_run(sub: Any) -> None:
         help="run.seed (the simulator itself is deterministic)",
     )  # fmt: skip
     p.add_argument("--force", action="store_true", help="overwrite an existing run directory")
+    add_max_requests(p)
     p.set_defaults(func=_cmd_run)
 
 
@@ -420,6 +464,7 @@ def _resolve_config(args: argparse.Namespace) -> Any:
         extra.append((f"run.profile={args.profile}", f"--profile {args.profile}"))
     if args.seed is not None:
         extra.append((f"run.seed={args.seed}", f"--seed {args.seed}"))
+    extra += max_requests_override(args)
     resolved = resolve_config(args, extra)
     cfg = resolved.cfg
     try:
@@ -438,7 +483,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     resolved = _resolve_config(args)
     cfg = resolved.cfg
     check_output_dir(args.out, force=args.force, what="run directory")
-    trace = _load_trace(args.trace)
+    trace = _load_trace(args.trace, args.lenient)
     resolved.print_notes()
     print(format_setup(cfg, trace), flush=True)
     created = not args.out.exists()

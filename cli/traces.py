@@ -62,6 +62,7 @@ def _add_subcommands(parser: argparse.ArgumentParser) -> None:
     p = sub.add_parser("convert", help="convert between trace formats (and from CSV)")
     p.add_argument("input", type=Path)
     p.add_argument("output", type=Path, help="output file: .jsonl, .jsonl.gz or .parquet")
+    p.add_argument("--force", action="store_true", help="overwrite an existing output file")
     p.add_argument(
         "--from",
         dest="from_format",
@@ -108,6 +109,7 @@ def _add_gen(p: argparse.ArgumentParser) -> None:
             "--out", type=Path, required=True, help="output file: .jsonl, .jsonl.gz or .parquet"
         )
         k.add_argument("--json", action="store_true", help="print a JSON summary")
+        k.add_argument("--force", action="store_true", help="overwrite an existing --out")
         for name, default in generator_params(kind).items():
             flag = "--" + name.replace("_", "-")
             text = PARAM_HELP.get(name, "")
@@ -200,7 +202,7 @@ def _stats(args: argparse.Namespace) -> int:
 def _convert(args: argparse.Namespace) -> int:
     from traces.convert import convert
 
-    check_output_file(args.output, TRACE_SUFFIXES, what="trace", option="output")
+    check_output_file(args.output, TRACE_SUFFIXES, what="trace", option="output", force=args.force)
     trace = convert(
         args.input, args.output, args.from_format, block_size=args.block_size, lenient=args.lenient
     )
@@ -260,7 +262,7 @@ def _gen(args: argparse.Namespace) -> int:
     from traces.io import write_trace
 
     params = {name: getattr(args, name) for name in generator_params(args.kind)}
-    check_output_file(args.out, TRACE_SUFFIXES, what="trace")
+    check_output_file(args.out, TRACE_SUFFIXES, what="trace", force=args.force)
     trace = generate(args.kind, **params)
     write_trace(trace, args.out)
     if args.json:

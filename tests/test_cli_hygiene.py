@@ -1,0 +1,85 @@
+"""The command line's hygiene (issue 26, item 6): outputs are never overwritten without
+--force, --storage-tokens 0 is no store, --max-requests and --lenient wherever a trace is read."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cli.main import main
+
+ROOT = Path(__file__).resolve().parent.parent
+TRACE = ROOT / "traces" / "data" / "synthetic" / "multiturn.jsonl"
+
+
+def _err(capsys: pytest.CaptureFixture[str]) -> str:
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "what"),
+    [
+        (["trace", "gen", "shared-prefix", "--requests", "4", "--out", "{f}.jsonl"], "trace"),
+        (["trace", "convert", str(TRACE), "{f}.jsonl"], "trace"),
+        (["hitrate", str(TRACE), "--device-tokens", "4096", "--csv", "{f}.csv"], "CSV table"),
+        (["report", "{run}", "--out", "{f}.html"], "HTML report"),
+    ],
+)
+def test_an_existing_output_is_refused_without_force(
+    argv: list[str], what: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "run"
+    if "{run}" in argv:
+        assert main(["run", str(TRACE), "--out", str(run), "--max-requests", "10"]) == 0
+    argv = [a.replace("{f}", str(tmp_path / "out")).replace("{run}", str(run)) for a in argv]
+    target = next(Path(a) for a in argv if a.startswith(str(tmp_path / "out")))
+    target.write_text("keep me")
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = _err(capsys)
+    assert f"{what} exists (use --force to overwrite" in err and err.count("\n") == 1
+    assert target.read_text() == "keep me"
+    assert main([*argv, "--force"]) == 0
+    assert target.read_text() != "keep me"
+
+
+def test_plan_and_demo_folders_need_force(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "plan"
+    out.mkdir()
+    (out / "plan.json").write_text("{}")
+    argv = ["plan", str(TRACE), "--target", "ttft_p90=10min", "--max-requests", "20",
+            "--max-instances", "1", "--jobs", "1", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 2 and "use --force" in _err(capsys)
+    assert main(["demo", "--out", str(out), "--max-requests", "5"]) == 2
+    assert "demo folder exists and is not empty" in _err(capsys)
+
+
+def test_storage_tokens_zero_is_no_store(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["hitrate", str(TRACE), "--device-tokens", "4096", "--json",
+            "--storage-tokens", "0,unlimited"]  # fmt: skip
+    assert main(argv) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [r["storage"] for r in rows] == [False, True]
+    assert rows[0]["storage_hit_rate"] == 0 < rows[1]["storage_hit_rate"]
+    assert main([*argv[:-1], "100"]) == 2
+    assert "100 is not a multiple of the page size 64 (0 = no store" in _err(capsys)
+
+
+def test_max_requests_and_lenient(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.jsonl"
+    lines = TRACE.read_text().splitlines()
+    bad.write_text("\n".join([*lines[:30], '{"timestamp": "soon"}', *lines[30:60]]) + "\n")
+    hit = ["hitrate", str(bad), "--device-tokens", "4096", "--json"]
+    assert main(hit) == 2 and "bad.jsonl:" in _err(capsys)  # strict: the bad line
+    assert main([*hit, "--lenient", "--max-requests", "25"]) == 0
+    out, err = capsys.readouterr()
+    assert "skipped 1 bad line" in err
+    assert json.loads(out)["rows"][0]["requests"] == 25
+    run = ["run", str(bad), "--out", str(tmp_path / "r"), "--max-requests", "12", "--lenient"]
+    assert main(run) == 0
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["requests"] == 12
