@@ -499,9 +499,53 @@ def _cmd_run(args: argparse.Namespace) -> int:
             raise UserError(f"{where}: cannot write the run: {e.strerror or e}") from None
         raise
     print(format_summary(summary))
+    note = cache_only_note(cfg, trace, summary)
+    if note:
+        print(note)
     print(f"as SGLang flags: {format_sglang_command(cfg).splitlines()[0]}")
     print(f"run directory: {args.out}")
     return 0
+
+
+#: A timed run's hit rate this far (points) from the cache-only replay's gets a note.
+CACHE_ONLY_GAP = 0.05
+
+
+def cache_only_note(cfg: Any, trace: Any, summary: dict[str, Any]) -> str | None:
+    """A note when the timed run's hit rate differs from the cache-only replay of the same
+    pools and policy (``hitrate``) by more than :data:`CACHE_ONLY_GAP`, with the likely why:
+    the replay serves one request at a time with the whole pool, the timed run shares it
+    among the requests in flight (whose pages are locked and cannot be evicted), and admits
+    them in its own order. None for a fleet or an L3 run (no like replay) or a small gap."""
+    from dataclasses import replace
+
+    from hicache.config import resolve_pools
+    from sim.hitrate import HitRateConfig
+    from studies.sweep.hitrate import run_hitrate_grid
+
+    if cfg.cluster.instances > 1 or cfg.storage.enabled or cfg.cache.eviction == "oracle":
+        return None
+    device, host, _ = resolve_pools(cfg)
+    one = HitRateConfig(
+        device, host if cfg.cache.enable_host else 0, cfg.cache.page_size, cfg.cache.eviction,
+        cfg.cache.write_policy, outputs=cfg.workload.outputs, sglang_version=cfg.sglang.version,
+    )  # fmt: skip
+    limit = cfg.workload.max_requests or None
+    sliced = replace(trace, requests=trace.requests[:limit])
+    (row,) = run_hitrate_grid(sliced, [one], jobs=1, progress=False)
+    timed, alone = float(summary["hit_rate"]), float(row["hit_rate"])
+    if abs(timed - alone) <= CACHE_ONLY_GAP:
+        return None
+    duration = float(summary["sim_duration_s"])
+    in_flight = (
+        summary["e2e_mean_s"] * summary["finished_requests"] / duration if duration > 0 else 0.0
+    )
+    return (
+        f"note: the cache-only replay of the same pools (hicache-sim hitrate) gives "
+        f"{alone:.1%} against this run's {timed:.1%}: it serves one request at a time with the "
+        f"whole pool, while here {in_flight:.1f} requests were in flight on average, holding "
+        "their pages locked, and were admitted in the scheduler's order"
+    )
 
 
 def format_setup(cfg: Any, trace: Any) -> str:

@@ -83,3 +83,22 @@ def test_max_requests_and_lenient(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert main(run) == 0
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert summary["requests"] == 12
+
+
+def test_a_timed_run_far_from_the_cache_only_replay_says_why() -> None:
+    """Agents at 4x their session rate on a 16k-token pool: ~11 requests in flight share the
+    pool, so the timed hit rate is far below the one-at-a-time replay's; the run says so."""
+    from cli.run import cache_only_note
+    from hicache.config import load_config
+    from sim.engine import run_simulation
+    from traces.io import read_trace
+
+    trace = read_trace(ROOT / "traces" / "data" / "synthetic" / "agentic.jsonl")
+    cfg = load_config(None, ["gpu.device_tokens=16384", "workload.rate_scale=4",
+                             "cache.enable_host=false"])  # fmt: skip
+    summary = run_simulation(cfg, trace, None, False)
+    note = cache_only_note(cfg, trace, summary)
+    assert note is not None and f"against this run's {summary['hit_rate']:.1%}" in note
+    assert "requests were in flight on average" in note
+    roomy = load_config(None, ["gpu.device_tokens=1048576", "cache.enable_host=false"])
+    assert cache_only_note(roomy, trace, run_simulation(roomy, trace, None, False)) is None
