@@ -117,15 +117,17 @@ def format_results(df: pd.DataFrame, seconds: float, out: Path) -> str:
     if len(ok) and "hit_rate" in df.columns:
         cols = list(df.columns)
         axes = cols[3 : cols.index("device_tokens")]
-        table = ok[[*axes, "hit_rate", "ttft_p50_s", "ttft_p99_s"]].copy()
+        from cli.run import _duration
+
+        times = {"ttft_p50_s": "TTFT p50", "ttft_p90_s": "TTFT p90", "ttft_p99_s": "TTFT p99"}
+        table = ok[[*axes, "hit_rate", *(c for c in times if c in df.columns)]].copy()
         table["hit_rate"] = table["hit_rate"].map(lambda x: f"{x:.1%}")
-        for c in ("ttft_p50_s", "ttft_p99_s"):
-            table[c] = table[c].map(lambda x: f"{x * 1e3:.1f} ms")
-        lines.append(
-            table.rename(columns={"ttft_p50_s": "TTFT p50", "ttft_p99_s": "TTFT p99"}).to_string(
-                index=False, max_rows=40
-            )
-        )
+        for c in times:
+            if c in table.columns:
+                table[c] = table[c].map(_duration)
+        if "overloaded" in ok.columns:
+            table["overloaded"] = ok["overloaded"].map(lambda x: "yes" if x is True else "")
+        lines.append(table.rename(columns=times).to_string(index=False, max_rows=40))
     for _, r in failed.head(10).iterrows():
         lines.append(f"failed: {r['job']}: {r['error']}")
     if len(failed) > 10:

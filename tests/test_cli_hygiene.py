@@ -102,3 +102,20 @@ def test_a_timed_run_far_from_the_cache_only_replay_says_why() -> None:
     assert "requests were in flight on average" in note
     roomy = load_config(None, ["gpu.device_tokens=1048576", "cache.enable_host=false"])
     assert cache_only_note(roomy, trace, run_simulation(roomy, trace, None, False)) is None
+
+
+def test_the_sweep_summary_has_p90_and_long_times_in_minutes(tmp_path: Path) -> None:
+    import pandas as pd
+
+    from cli.sweep import format_results
+
+    df = pd.DataFrame({
+        "job": ["a", "b"], "status": ["ok", "ok"], "error": ["", ""],
+        "cache.write_policy": ["write_through", "write_back"], "device_tokens": [1, 1],
+        "hit_rate": [0.5, 0.25], "ttft_p50_s": [0.05, 2.0], "ttft_p90_s": [0.5, 700.0],
+        "ttft_p99_s": [0.9, 9000.0], "overloaded": [False, True],
+    })  # fmt: skip
+    text = format_results(df, 1.0, tmp_path)
+    assert "TTFT p90" in text and "500.0 ms" in text and "11.7 min" in text and "2.5 h" in text
+    row = next(line for line in text.splitlines() if "write_back" in line)
+    assert row.rstrip().endswith("yes")
