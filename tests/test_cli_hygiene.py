@@ -119,3 +119,30 @@ def test_the_sweep_summary_has_p90_and_long_times_in_minutes(tmp_path: Path) -> 
     assert "TTFT p90" in text and "500.0 ms" in text and "11.7 min" in text and "2.5 h" in text
     row = next(line for line in text.splitlines() if "write_back" in line)
     assert row.rstrip().endswith("yes")
+
+
+def test_the_hitrate_plot_puts_host_sizes_on_the_x_axis() -> None:
+    """One device pool, several host pools: the host pool is the x axis (the points no longer
+    pile onto one device value); no host tier is a level line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    from studies.report.figures_hitrate import draw_hitrate_study, study_labels, x_key
+
+    def row(host: int, hit: float) -> dict[str, object]:
+        return {"device_tokens": 1000, "host_tokens": host, "hit_rate": hit,
+                "device_hit_rate": 0.05, "host_hit_rate": hit - 0.05, "eviction": "lru",
+                "write_policy": "write_through", "page_size": 64, "outputs": "cache"}  # fmt: skip
+
+    rows = [row(0, 0.05), row(2000, 0.1), row(4000, 0.2), row(8000, 0.3)]
+    assert x_key(rows) == "host_tokens"
+    assert x_key([rows[1], {**rows[2], "device_tokens": 2000}]) == "device_tokens"
+    assert study_labels(rows[1:], host_axis=True) == ["write_through"] * 3
+    fig = Figure()
+    draw_hitrate_study(fig, rows, "t")
+    (ax,) = fig.axes
+    assert ax.get_xlabel().startswith("host (DRAM) KV pool")
+    solid = [line for line in ax.get_lines() if line.get_linestyle() == "-"]
+    assert sorted(solid[0].get_xdata()) == pytest.approx([2000, 4000, 8000], rel=0.05)

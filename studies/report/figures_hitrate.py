@@ -1,6 +1,7 @@
 """The cache-only hit-rate study (rows of :func:`studies.sweep.run_hitrate_grid`, as
 ``hicache-sim hitrate`` and the demo make them): hit rate vs device capacity, one line per
-policy, the device part dashed, the infinite-capacity hit rate as the ceiling.
+policy, the device part dashed, the infinite-capacity hit rate as the ceiling; vs the host
+pool instead when the rows share one device pool and differ in the host pool.
 
 :func:`fig_hitrate_study` makes it a report figure (with its table);
 :func:`draw_hitrate_study` draws it on any figure (the stand-alone plot of
@@ -41,12 +42,15 @@ STUDY_FIELDS = (
 )
 
 
-def study_labels(rows: Sequence[dict[str, Any]], series: str | None = None) -> list[str]:
+def study_labels(
+    rows: Sequence[dict[str, Any]], series: str | None = None, host_axis: bool = False
+) -> list[str]:
     """A series label per row: the row field ``series`` names when given (the demo's
     ``policy``); else what differs among eviction, write policy, page size and outputs
     ("no host tier" in place of the write policy without a host pool), and the L3 store
     ("no L3", "L3 unlimited", "L3 1.05M") when it differs. Where a series has
-    several host pools at one device pool, the host pool is added ("host 16.4K")."""
+    several host pools at one device pool, the host pool is added ("host 16.4K"), unless the
+    host pool is the x axis (``host_axis``)."""
     if series is not None:
         labels = [str(r[series]) for r in rows]
     else:
@@ -63,7 +67,7 @@ def study_labels(rows: Sequence[dict[str, Any]], series: str | None = None) -> l
     hosts: dict[tuple[str, int], set[int]] = {}
     for lab, r in zip(labels, rows, strict=True):
         hosts.setdefault((lab, r["device_tokens"]), set()).add(r["host_tokens"])
-    if any(len(h) > 1 for h in hosts.values()):
+    if not host_axis and any(len(h) > 1 for h in hosts.values()):
         labels = [
             f"{lab} · host {tokens(r['host_tokens'])}" if r["host_tokens"] else lab
             for lab, r in zip(labels, rows, strict=True)
@@ -125,10 +129,14 @@ def draw_hitrate_study(
     from matplotlib.lines import Line2D
     from matplotlib.ticker import NullFormatter, PercentFormatter
 
-    labels = study_labels(rows, series)
+    host_axis = x_key(rows) == "host_tokens"
+    key = "host_tokens" if host_axis else "device_tokens"
+    flat = [r for r in rows if host_axis and not r["host_tokens"]]  # no host tier: a level
+    rows = [r for r in rows if r not in flat]
+    labels = study_labels(rows, series, host_axis)
     order = list(dict.fromkeys(labels))
     palette = _colors(order, colors or {})
-    devs = sorted({int(r["device_tokens"]) for r in rows})
+    devs = sorted({int(r[key]) for r in rows})
     log = devs[0] > 0 and devs[-1] / devs[0] >= 4
     step = 0.01 * max(math.log10(devs[-1] / devs[0]), 0.5) if log else 0.01 * devs[-1]
     ax = fig.add_subplot(1, 1, 1)
@@ -136,8 +144,8 @@ def draw_hitrate_study(
     dashed = dash_dot = False
     for k, s in enumerate(order):
         pts = sorted((r for lab, r in zip(labels, rows, strict=True) if lab == s),
-                     key=lambda r: r["device_tokens"])  # fmt: skip
-        xs = [dodge(r["device_tokens"], k, len(order), log, step) for r in pts]
+                     key=lambda r: r[key])  # fmt: skip
+        xs = [dodge(r[key], k, len(order), log, step) for r in pts]
         c = palette[s]
         m = MARKERS[k % len(MARKERS)]
         style = {"color": c, "marker": m, "ms": 6, "mfc": tint(c, 0.3), "mec": c}
@@ -150,8 +158,13 @@ def draw_hitrate_study(
             dash_dot = True
             below = [r["device_hit_rate"] + r["host_hit_rate"] for r in pts]
             ax.plot(xs, below, color=c, lw=1.1, ls="-.")
-    inf = _ceiling(rows)
-    top = max([r["hit_rate"] for r in rows] + ([inf] if inf is not None else []))
+    # one level per distinct hit rate (the write policy does not matter without a host tier)
+    for r in {pct(r["hit_rate"]): r for r in flat}.values():
+        ax.axhline(r["hit_rate"], color="#888888", lw=1.2, ls="--")
+        handles.append(Line2D([], [], color="#888888", lw=1.2, ls="--",
+                              label=f"no host tier ({pct(r['hit_rate'])})"))  # fmt: skip
+    inf = _ceiling([*rows, *flat])
+    top = max([r["hit_rate"] for r in [*rows, *flat]] + ([inf] if inf is not None else []))
     if dashed:
         handles.append(Line2D([], [], color="#444444", lw=1.1, ls="--", label="device (HBM) part"))
     if dash_dot:
@@ -186,10 +199,23 @@ def draw_hitrate_study(
     ax.set_ylim(0, min(1.0, top * 1.15) if top > 0 else 1.0)
     ax.yaxis.set_major_formatter(PercentFormatter(1.0))
     ax.grid(True, alpha=0.3)
-    ax.set_xlabel("device (HBM) KV pool [tokens]")
+    if host_axis:
+        ax.set_xlabel(
+            f"host (DRAM) KV pool [tokens], device pool {tokens(rows[0]['device_tokens'])}"
+        )
+    else:
+        ax.set_xlabel("device (HBM) KV pool [tokens]")
     ax.set_ylabel("prompt tokens served from cache [%]")
     ax.set_title(title)
     fig.legend(handles=handles, loc="outside right upper", title="series")
+
+
+def x_key(rows: Sequence[dict[str, Any]]) -> str:
+    """The x axis of the study: ``device_tokens``, or ``host_tokens`` when every row has the
+    same device pool and the host pools (of the rows that have one) differ."""
+    devs = {int(r["device_tokens"]) for r in rows}
+    hosts = {int(r["host_tokens"]) for r in rows if r["host_tokens"]}
+    return "host_tokens" if len(devs) == 1 and len(hosts) > 1 else "device_tokens"
 
 
 def fig_hitrate_study(
