@@ -57,7 +57,10 @@ GPUS: dict[str, GpuSpec] = {
     for g in (
         GpuSpec(
             name="h100-sxm",
-            hbm_bytes=80e9,  # C1: 80 GB HBM3 (as the datasheet quotes it)
+            # the card's own byte count, not the datasheet's "80 GB": nvidia-smi reports
+            # 81,559 MiB (NVIDIA/nccl#1264; modal-labs/modal-client#2797: 85.52e9 B), which is
+            # what SGLang's memory probe sees
+            hbm_bytes=81559 * 2**20,
             hbm_bw=3.35e12,  # C1: 3.35 TB/s
             peak_flops_bf16=989e12,  # C6: 989 TFLOPS dense bf16
             default_link="pcie5-x16",  # H100 SXM hosts attach over PCIe Gen5 x16 (C2)
@@ -65,7 +68,9 @@ GPUS: dict[str, GpuSpec] = {
         ),
         GpuSpec(
             name="h200",
-            hbm_bytes=141e9,  # C1: 141 GB HBM3e
+            # nvidia-smi: 143,771 MiB (150.76e9 B) on H200 SXM boards (public nvidia-smi logs,
+            # e.g. in SGLang and vLLM issues), against the datasheet's "141 GB" (C1)
+            hbm_bytes=143771 * 2**20,
             hbm_bw=4.8e12,  # C1: 4.8 TB/s
             peak_flops_bf16=989e12,  # same Hopper die as H100 SXM (C6 figure)
             default_link="pcie5-x16",  # C2: H200 spec sheets quote PCIe Gen5 128 GB/s bidir.
@@ -73,14 +78,18 @@ GPUS: dict[str, GpuSpec] = {
         ),
         GpuSpec(
             name="a100-80gb",
-            hbm_bytes=80e9,  # NVIDIA A100 datasheet (not in HARDWARE.md): 80 GB HBM2e
+            # nvidia-smi: 81,920 MiB on A100 80GB (modal-labs/modal-client#2797), against the
+            # datasheet's "80 GB HBM2e"
+            hbm_bytes=81920 * 2**20,
             hbm_bw=2.039e12,  # A100 datasheet: 2,039 GB/s (SXM)
             peak_flops_bf16=312e12,  # A100 datasheet: 312 TFLOPS dense bf16
             default_link="pcie4-x16",  # A100 is a PCIe Gen4 part
         ),
         GpuSpec(
             name="gh200",
-            hbm_bytes=96e9,  # C1: 96 GB HBM3 (the 144 GB HBM3e variant is not modelled)
+            # C1: 96 GB HBM3 (the 144 GB HBM3e variant is not modelled). [estimate] the
+            # datasheet figure: no card's own byte count was found, unlike the others
+            hbm_bytes=96e9,
             hbm_bw=4.0e12,  # C1: 4.0 TB/s
             peak_flops_bf16=989e12,  # Hopper die, as H100 SXM
             default_link="nvlink-c2c",  # C2: Grace-Hopper coherent NVLink-C2C

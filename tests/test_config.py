@@ -302,15 +302,15 @@ def test_resolve_pools_sglang_examples() -> None:
 def test_resolve_pools_derived_from_hbm() -> None:
     device, host, bpt = resolve_pools(load_config())
     w8 = weight_bytes_per_rank(get_model("llama-3-8b"))  # 2 x 8,030,261,248 params
-    raw = math.floor((80e9 * 0.9 - w8 - 1e9) / 131_072)
-    assert device == raw // 64 * 64 == 419_136
+    raw = math.floor((81559 * 2**20 * 0.9 - w8 - 1e9) / 131_072)  # H100: 81,559 MiB
+    assert device == raw // 64 * 64 == 457_024
     assert host == (2 * device // 64 + 1) * 64
     assert bpt == 131_072
     # TP8 70B: 40 KiB/token per rank
     device70, _, bpt70 = resolve_pools(load_config(None, ["model.name=llama-3-70b", "model.tp=8"]))
     assert bpt70 == 40 * 1024
     w70 = weight_bytes_per_rank(get_model("llama-3-70b"), 8)
-    assert device70 == math.floor((72e9 - w70 - 1e9) / bpt70) // 64 * 64
+    assert device70 == math.floor((81559 * 2**20 * 0.9 - w70 - 1e9) / bpt70) // 64 * 64
 
 
 def test_resolve_pools_without_host_tier() -> None:
