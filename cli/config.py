@@ -55,6 +55,12 @@ def add_config_options(p: argparse.ArgumentParser, *, profile_flag: bool = False
         f"{', '.join(SGLANG_VERSIONS)}; what differs: hicache-sim config keys)",
     )  # fmt: skip
     p.add_argument("--lenient", action="store_true", help=LENIENT_HELP)
+    p.add_argument(
+        "--allow-host-overcommit", action="store_true",
+        help="run a configuration whose host pools (every rank on a server, plus SGLang's "
+        "reserve) exceed the server's DRAM anyway, with a warning (gpu.allow_host_overcommit "
+        "= true); without it such a configuration is refused with the figures",
+    )  # fmt: skip
     if profile_flag:
         p.add_argument(
             "--allow-profile-mismatch", action="store_true",
@@ -100,6 +106,8 @@ def resolve_config(args: argparse.Namespace, extra: Sequence[tuple[str, str]] = 
         given[f"sglang.version={args.sglang_version}"] = f"--sglang-version {args.sglang_version}"
     if getattr(args, "allow_profile_mismatch", False):
         given["run.allow_profile_mismatch=true"] = "--allow-profile-mismatch"
+    if getattr(args, "allow_host_overcommit", False):
+        given["gpu.allow_host_overcommit=true"] = "--allow-host-overcommit"
     shown = {
         item: f"--sglang-args {mapped.origin[item.partition('=')[0]]}" for item in mapped.overrides
     }
@@ -131,6 +139,14 @@ def resolve_config(args: argparse.Namespace, extra: Sequence[tuple[str, str]] = 
         notes.append(
             f"note: storage.prefetch_timeout_max ignored: SGLang {cfg.sglang.version} caps no "
             "prefetch timeout (the cap is 0.5.14's)"
+        )
+    from hicache.config import host_memory
+
+    host = host_memory(cfg)
+    if host is not None and host.over:  # allowed, or the config would have been refused
+        notes.append(
+            f"warning: {host.describe()}; run anyway (--allow-host-overcommit): the server "
+            "could not pin this much"
         )
     problem = profile_mismatch(cfg)
     if problem:  # allowed, or the config would have been refused

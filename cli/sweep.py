@@ -55,6 +55,11 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         help="the SGLang release(s) whose cache decides (sglang.version): one sets it for every "
         "job; several add an axis, e.g. 0.5.14,0.5.23 to see what upgrading changes",
     )  # fmt: skip
+    p.add_argument(
+        "--allow-host-overcommit", action="store_true",
+        help="run jobs whose host pools exceed their server's DRAM anyway "
+        "(gpu.allow_host_overcommit = true); without it such a job fails with the figures",
+    )  # fmt: skip
     p.set_defaults(func=_cmd_sweep, user_errors=input_and_os_errors)
     return p
 
@@ -79,6 +84,10 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     grid: Any = args.grid
     if args.sglang_version:
         grid = _with_versions(load_grid(args.grid), args.sglang_version)
+    if args.allow_host_overcommit:
+        grid = (grid if not isinstance(grid, Path) else load_grid(grid)).with_set(
+            ["gpu.allow_host_overcommit=true"]
+        )
     try:
         df = run_sweep(grid, args.out, jobs=args.jobs, executor=args.executor, address=args.address)
     except Exception:

@@ -98,6 +98,8 @@ def random_case(seed: int) -> Case:
         f"scheduler.policy={rng.choice(['fcfs', 'fcfs', 'lpm'])}",
         f"scheduler.chunked_prefill_size={rng.choice([512, 2048, 8192, -1])}",
         f"workload.rate_scale={rng.choice([0.25, 1.0, 4.0])}",
+        # the pools are sized for the scheduler paths, not for a real server's DRAM
+        "gpu.allow_host_overcommit=true",
     ]
     if rng.random() < 0.25:
         sets.append(f"scheduler.max_running_requests={rng.randint(1, 12)}")

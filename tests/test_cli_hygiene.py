@@ -146,3 +146,37 @@ def test_the_hitrate_plot_puts_host_sizes_on_the_x_axis() -> None:
     assert ax.get_xlabel().startswith("host (DRAM) KV pool")
     solid = [line for line in ax.get_lines() if line.get_linestyle() == "-"]
     assert sorted(solid[0].get_xdata()) == pytest.approx([2000, 4000, 8000], rel=0.05)
+
+
+def test_host_pools_beyond_the_servers_dram_are_refused_with_the_figures(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """5,000 GB per rank on a DGX H100 (2 TiB): refused with what it needs and has; with
+    --allow-host-overcommit it runs with a warning. 0.5.23's default host pool is sized to
+    fit, so the default config is never refused."""
+    from hicache.config import HostMemoryError, host_memory, load_config
+
+    out = tmp_path / "r"
+    argv = ["run", str(TRACE), "--out", str(out), "--max-requests", "5",
+            "--set", "cache.hicache_size_gb=5000"]  # fmt: skip
+    assert main(argv) == 2
+    err = _err(capsys)
+    assert (
+        "host pools need 5,011 GB on one dgx-h100 server (1 instance x 1 rank x 5,000.0 GB" in err
+        and "more than its 2,199 GB" in err
+        and "--allow-host-overcommit" in err
+    )
+    assert main([*argv, "--allow-host-overcommit"]) == 0
+    assert "warning: host pools need 5,011 GB" in _err(capsys)
+    with pytest.raises(HostMemoryError):
+        load_config(None, ["cache.hicache_size_gb=1000", "model.tp=2", "cluster.instances=2"])
+    # two TP2 instances on one 8-GPU server: 4 ranks x 400 GB + 10 GiB fits 2 TiB
+    ok = host_memory(load_config(None, ["cache.hicache_size_gb=400", "model.tp=2",
+                                        "cluster.instances=2"]))  # fmt: skip
+    assert ok is not None and ok.ranks == 4 and not ok.over
+    for version in ("0.5.23",):
+        for tp in (1, 2, 4, 8):
+            cfg = load_config(None, [f"sglang.version={version}", f"model.tp={tp}",
+                                     "cluster.instances=8"])  # fmt: skip
+            got = host_memory(cfg)
+            assert got is not None and not got.over, (tp, got)

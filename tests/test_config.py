@@ -17,6 +17,7 @@ from hicache.config import (
     SECTIONS,
     CacheConfig,
     ConfigError,
+    HostMemoryError,
     SimConfig,
     auto_size,
     config_from_dict,
@@ -435,7 +436,12 @@ def test_0523_shrinks_the_default_host_pool_to_the_free_host_memory() -> None:
     budget (100e9 - 10 GiB) x 0.8 = 71.4 GB, ratio 71.4 x 0.95 / 83.9 = 0.809 -- a host pool
     smaller than the device pool, which 0.5.23 allows; 0.5.14 keeps 2 x device + 1 page."""
     base = ["gpu.device_tokens=640000", "gpu.host_memory_gb=100"]
-    old = resolve_pools(load_config(None, [*base, "sglang.version=0.5.14"]))
+    # 0.5.14 sizes 2 x device without looking: 168 GB of 100 free, which SGLang refuses at
+    # start-up ("Not enough host memory available", 0.5.14 memory_pool_host.py) and so do we
+    with pytest.raises(HostMemoryError, match="host pools need 179 GB on one instance"):
+        load_config(None, [*base, "sglang.version=0.5.14"])
+    over = [*base, "sglang.version=0.5.14", "gpu.allow_host_overcommit=true"]
+    old = resolve_pools(load_config(None, over))
     cfg = load_config(None, [*base, "sglang.version=0.5.23"])
     new = resolve_pools(cfg)
     assert old[1] == 1_280_064
@@ -446,7 +452,12 @@ def test_0523_shrinks_the_default_host_pool_to_the_free_host_memory() -> None:
 
 
 def test_0523_auto_size_applies_only_without_a_ratio_or_size() -> None:
-    base = ["gpu.device_tokens=640000", "gpu.host_memory_gb=100", "sglang.version=0.5.23"]
+    base = [
+        "gpu.device_tokens=640000",
+        "gpu.host_memory_gb=100",
+        "sglang.version=0.5.23",
+        "gpu.allow_host_overcommit=true",
+    ]  # a given size is not fitted: 168-200 GB > 100
     for given in ("cache.hicache_ratio=2", "cache.hicache_size_gb=200"):
         cfg = load_config(None, [*base, given])
         d, h, b = resolve_pools(cfg)

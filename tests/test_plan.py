@@ -425,3 +425,29 @@ def test_cli_errors_are_one_line(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err, err
     assert not out.exists()  # nothing written, nothing run
+
+
+def test_a_variant_whose_host_pools_overfill_a_server_is_not_proposed(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Qwen3-32B TP2 on H200 (0.5.14 sizes by ratio): 4 instances per DGX H200, host x4 =
+    4 x 2 ranks x 407.7 GB > 2 TB of DRAM: the plan refuses that variant with the figures
+    and evaluates the others."""
+    from hicache.config import load_config
+    from studies.plan import build_configs, run_plan
+    from traces.io import read_trace
+
+    trace = read_trace(TRACE)
+    base = load_config(None, ["model.name=qwen3-32b", "model.tp=2", "gpu.name=h200",
+                              "sglang.version=0.5.14", "workload.max_requests=10"])  # fmt: skip
+    configs = build_configs(base, trace)
+    assert [bool(c.refused) for c in configs] == [False, False, True]
+    assert "host pools need 3,272 GB on one dgx-h200 server (4 instances x 2 ranks" in (
+        configs[2].refused
+    )
+    plan = run_plan(configs, trace, [Target("ttft_p90_s", 600.0)], 1, jobs=1, progress=False)
+    assert [c.instances for c in plan.configs] == [1, 1, None]
+    assert plan.configs[2].evaluations == []
+    assert any("host x4 / cache_aware: not evaluated" in n for n in plan.notes())
+    (line,) = plan_savings = savings_lines(plan)
+    assert "host x2" in line and plan_savings == [line]

@@ -28,7 +28,14 @@ from hicache.config.loading import (
     load_config,
     with_overrides,
 )
-from hicache.config.pools import auto_size, resolve_pools
+from hicache.config.pools import (
+    HostMemory,
+    HostMemoryError,
+    auto_size,
+    check_host_memory,
+    host_memory,
+    resolve_pools,
+)
 from hicache.config.sections import (
     CLOSED_LOOP_MODES,
     IO_BACKENDS,
@@ -70,6 +77,8 @@ __all__ = [
     "ClusterConfig",
     "ConfigError",
     "GpuConfig",
+    "HostMemory",
+    "HostMemoryError",
     "LinkConfig",
     "ModelConfig",
     "RouterConfig",
@@ -80,8 +89,10 @@ __all__ = [
     "StorageConfig",
     "WorkloadConfig",
     "auto_size",
+    "check_host_memory",
     "config_from_dict",
     "config_to_dict",
+    "host_memory",
     "load_config",
     "profile_mismatch",
     "resolve_pools",

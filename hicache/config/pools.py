@@ -99,6 +99,83 @@ def auto_size(cfg: SimConfig, device_tokens: int, bytes_per_token: int) -> AutoS
     return AutoSize(ratio, budget, free, ranks)
 
 
+class HostMemoryError(ConfigError):
+    """The host pools of a configuration do not fit the server's DRAM."""
+
+
+@dataclass(frozen=True)
+class HostMemory:
+    """What a configuration's host pools take of the host memory they live in.
+
+    ``scope``: ``"server"`` (the busiest server: ``ranks`` ranks of the instances packed onto
+    it, against its DRAM) or ``"instance"`` (one instance's ranks against
+    ``gpu.host_memory_gb``). ``need_bytes`` = ranks x ``per_rank_bytes`` + SGLang's reserve
+    (:data:`HOST_MEMORY_RESERVE_BYTES`, left free once per machine: every rank checks the same
+    machine-wide free memory against it)."""
+
+    scope: str
+    where: str
+    ranks: int
+    instances: int
+    per_rank_bytes: int
+    need_bytes: int
+    have_bytes: float
+
+    @property
+    def over(self) -> bool:
+        return self.need_bytes > self.have_bytes
+
+    def describe(self) -> str:
+        per = self.ranks // max(1, self.instances)
+        packed = (
+            f"{self.instances} instance{'s' if self.instances != 1 else ''} x "
+            f"{per} rank{'s' if per != 1 else ''}"
+        )
+        return (
+            f"host pools need {self.need_bytes / 1e9:,.0f} GB on {self.where} ({packed} x "
+            f"{self.per_rank_bytes / 1e9:,.1f} GB per rank + SGLang's 10 GiB reserve), "
+            f"{'more than' if self.over else 'within'} its {self.have_bytes / 1e9:,.0f} GB"
+        )
+
+
+def host_memory(cfg: SimConfig, instances: int | None = None) -> HostMemory | None:
+    """The host memory ``cfg``'s host pools need against what they have (None: no host tier,
+    or a server preset without a DRAM figure and no ``gpu.host_memory_gb``). ``instances``:
+    how many instances to pack onto servers (default ``cluster.instances``); a plan passes a
+    full server's worth, since it may propose that many."""
+    if not cfg.cache.enable_host:
+        return None
+    _, host, bpt = resolve_pools(cfg)
+    per_rank, tp = host * bpt, cfg.model.tp
+    if cfg.gpu.host_memory_gb > 0:
+        need = tp * per_rank + HOST_MEMORY_RESERVE_BYTES
+        have = cfg.gpu.host_memory_gb * 1e9
+        return HostMemory("instance", "one instance (gpu.host_memory_gb)", tp, 1, per_rank,
+                          need, have)  # fmt: skip
+    server = server_for(cfg)
+    if not math.isfinite(server.dram_bytes):
+        return None
+    per_server = max(1, server.gpus // tp)
+    packed = min(instances or cfg.cluster.instances, per_server)
+    need = packed * tp * per_rank + HOST_MEMORY_RESERVE_BYTES
+    where = f"one {server.name} server"
+    return HostMemory("server", where, packed * tp, packed, per_rank, need, server.dram_bytes)
+
+
+def check_host_memory(cfg: SimConfig, instances: int | None = None) -> HostMemory | None:
+    """:func:`host_memory`, refused with its figures (:class:`HostMemoryError`) when it does not
+    fit, unless ``gpu.allow_host_overcommit`` (then the caller warns: ``.over`` is true)."""
+    got = host_memory(cfg, instances)
+    if got is not None and got.over and not cfg.gpu.allow_host_overcommit:
+        where = "cache.hicache_size_gb" if cfg.cache.hicache_size_gb > 0 else "cache.hicache_ratio"
+        raise HostMemoryError(
+            where,
+            f"{got.describe()}: SGLang could not pin it; lower the host pool, or run anyway "
+            "with --allow-host-overcommit (gpu.allow_host_overcommit = true)",
+        )
+    return got
+
+
 def resolve_pools(cfg: SimConfig) -> tuple[int, int, int]:
     """``(device_tokens, host_tokens, kv_bytes_per_token)`` for ``cfg``.
 
@@ -167,7 +244,11 @@ __all__ = [
     "ALLOCATION_SLACK",
     "HOST_MEMORY_RESERVE_BYTES",
     "AutoSize",
+    "HostMemory",
+    "HostMemoryError",
     "auto_size",
+    "check_host_memory",
+    "host_memory",
     "instance_host_memory",
     "resolve_pools",
 ]

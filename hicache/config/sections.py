@@ -68,7 +68,7 @@ class ConfigError(ValueError):
 
     def with_source(self, source: str | None) -> ConfigError:
         """The same error attributed to ``source`` (kept if already attributed)."""
-        return ConfigError(self.field, self.problem, self.source or source)
+        return type(self)(self.field, self.problem, self.source or source)  # keeps the kind
 
 
 # --- validation helpers (each raises ConfigError naming section.key) -------------------------
@@ -179,6 +179,10 @@ class GpuConfig:
     # instances that fill it (its GPUs / model.tp) [estimate: SGLang reads psutil's free
     # memory at start-up, which depends on what else runs and started first]
     host_memory_gb: float = 0.0
+    # run a configuration whose host pools (every rank on a server, plus SGLang's 10 GiB
+    # reserve) exceed the server's DRAM (or gpu.host_memory_gb) anyway, with a warning;
+    # false = refuse it, as the machine would fail to pin the memory
+    allow_host_overcommit: bool = False
 
     def __post_init__(self) -> None:
         _preset("gpu.name", hardware.get_gpu, self.name)
@@ -673,9 +677,10 @@ class SimConfig:
                 "replay bench + calibrate there), or use it anyway with "
                 "--allow-profile-mismatch (run.allow_profile_mismatch = true)",
             )
-        from hicache.config.pools import resolve_pools
+        from hicache.config.pools import check_host_memory, resolve_pools
 
         resolve_pools(self)
+        check_host_memory(self)
 
 
 def _check_version_sections(cfg: SimConfig) -> None:

@@ -76,6 +76,8 @@ class PlanConfig:
     """How many instances of ``tp`` GPUs one ``gpu.server`` holds."""
     setup: str = ""
     """Model, GPU, TP and server, for the reader (``qwen3-32b on h200 x TP2, dgx-h200``)."""
+    refused: str = ""
+    """Why the plan does not evaluate it (its host pools do not fit a full server's DRAM)."""
 
     @property
     def name(self) -> str:
@@ -105,6 +107,7 @@ def build_configs(
     from hicache.config import (
         ROUTER_POLICIES,
         config_to_dict,
+        host_memory,
         resolve_pools,
         server_for,
         with_overrides,
@@ -120,8 +123,9 @@ def build_configs(
     out = []
     for v in variants:
         for router in dict.fromkeys(routers):
-            try:
-                cfg = with_overrides(base, [*v.overrides, f"{ROUTER_KEY}={router}"])
+            try:  # the host-memory check below, for a whole server, instead of for one
+                cfg = with_overrides(base, [*v.overrides, f"{ROUTER_KEY}={router}",
+                                            "gpu.allow_host_overcommit=true"])  # fmt: skip
             except ValueError as e:
                 raise StudyError(f"--variant {v.name!r}: {e}") from None
             device, host, bpt = resolve_pools(cfg)
@@ -129,9 +133,17 @@ def build_configs(
             server = server_for(cfg)
             setup = (f"{cfg.model.spec.name} on {cfg.gpu.name} x TP{cfg.model.tp}, "
                      f"{server.name} ({server.gpus} GPUs per server)")  # fmt: skip
+            per_server = max(1, server.gpus // cfg.model.tp)
+            # the plan may propose a full server of instances: their host pools must fit it
+            need = host_memory(cfg, per_server)
+            refused = ""
+            if need is not None and need.over and not base.gpu.allow_host_overcommit:
+                refused = f"not evaluated: {need.describe()} (--allow-host-overcommit: anyway)"
+            data = config_to_dict(cfg)
+            data["gpu"]["allow_host_overcommit"] = base.gpu.allow_host_overcommit
             out.append(
-                PlanConfig(v.name, router, v.overrides, config_to_dict(cfg), device, host, bpt,
-                           cfg.model.tp, span, max(1, server.gpus // cfg.model.tp), setup)
+                PlanConfig(v.name, router, v.overrides, data, device, host, bpt, cfg.model.tp,
+                           span, per_server, setup, refused)
             )  # fmt: skip
     return out
 
@@ -281,6 +293,9 @@ class Plan:
         latency that rose with N (the search's assumption broken)."""
         out = []
         for c in self.configs:
+            if c.config.refused:
+                out.append(f"{c.config.name}: {c.config.refused}")
+                continue
             for t in self.targets:
                 if c.out_of_reach(t):
                     out.append(f"{c.config.name}: {_floor_line(t, c)}")
@@ -352,7 +367,7 @@ def run_plan(
         raise StudyError("a goodput target needs an SLO: --slo ttft=2s,tpot=50ms")
     floors = [_floors(c, trace, targets) for c in configs]
     bar = tqdm(
-        total=len(configs) * Search(max_instances).remaining_bound(),
+        total=sum(not c.refused for c in configs) * Search(max_instances).remaining_bound(),
         desc="plan",
         unit="run",
         disable=None if progress is None else not progress,
@@ -363,19 +378,24 @@ def run_plan(
         bar.total = bar.n + sum(s.remaining_bound() for s in searches)
         bar.refresh()
 
-    dicts = [c.config for c in configs]
+    active = [c for c in configs if not c.refused]  # a refused one is never evaluated
+    dicts = [c.config for c in active]
     try:
         with Executor(trace, executor, jobs, address, lambda: bar.update(1), slo) as ex:
-            searches = run_searches(
-                len(configs), targets, max_instances, lambda wave: ex.run(dicts, wave), on_wave
+            found = run_searches(
+                len(active), targets, max_instances, lambda wave: ex.run(dicts, wave), on_wave
             )
     finally:
         bar.close()
-    plans = [
-        ConfigPlan(c, s.answer, sorted(s.evaluations.values(), key=_n), s.monotone,
-                   trend_notes(s.evaluations, targets), f)
-        for c, s, f in zip(configs, searches, floors, strict=True)
-    ]  # fmt: skip
+    searches = dict(zip(map(id, active), found, strict=True))
+    plans = []
+    for c, f in zip(configs, floors, strict=True):
+        s = searches.get(id(c))
+        if s is None:
+            plans.append(ConfigPlan(c, None, [], True, [], f))
+            continue
+        plans.append(ConfigPlan(c, s.answer, sorted(s.evaluations.values(), key=_n), s.monotone,
+                                trend_notes(s.evaluations, targets), f))  # fmt: skip
     name = trace.path.name if trace.path else ""
     return Plan(list(targets), max_instances, plans, slo, gpu_hour_usd, name)
 
@@ -385,7 +405,7 @@ def _floors(c: PlanConfig, trace: Trace, targets: Sequence[Target]) -> dict[str,
     from hicache.config import config_from_dict
     from studies.plan.floor import request_floors, target_floor
 
-    if not any(target_floor(t, [0.0]) is not None for t in targets):
+    if c.refused or not any(target_floor(t, [0.0]) is not None for t in targets):
         return {}
     per_request = request_floors(config_from_dict(c.config), trace)
     out = {}

@@ -22,7 +22,7 @@ __all__ = ["HOST_TIER_KEYS", "differences", "like_for_like", "savings_lines"]
 HOST_TIER_KEYS = frozenset({
     "cache.enable_host", "cache.hicache_ratio", "cache.hicache_size_gb",
     "cache.hicache_host_memory_fraction", "cache.write_policy", "cache.load_back_threshold",
-    "link.io_backend", "link.mem_layout", "gpu.host_memory_gb",
+    "link.io_backend", "link.mem_layout", "gpu.host_memory_gb", "gpu.allow_host_overcommit",
 })  # fmt: skip
 #: Whole sections that belong to the host tier.
 HOST_TIER_SECTIONS = frozenset({"storage"})
@@ -62,7 +62,7 @@ def like_for_like(plan: Plan) -> tuple[list[tuple[ConfigPlan, list[ConfigPlan]]]
             pairs.append((base, likes))
     bases = [c for c in configs if _baseline(c)]
     for c in configs:
-        if _baseline(c) or id(c) in matched or not bases:
+        if _baseline(c) or id(c) in matched or not bases or c.config.refused:
             continue
         same_router = [b for b in bases if b.config.router == c.config.router] or bases
         diff = min((differences(b.config.config, c.config.config) for b in same_router), key=len)
