@@ -11,6 +11,7 @@
 ``replay``     real copies with torch (:mod:`cli.replay`)
 ``config``     config keys, a config as SGLang flags (:mod:`cli.config`)
 ``model``      a model's prefill/decode cost on a GPU, part by part (:mod:`cli.model`)
+``advise``     a verdict first: will HiCache help, how big, which policy (:mod:`cli.advise`)
 =============  ==========================================================
 
 User errors (bad arguments, unreadable or malformed inputs) print one line and exit 2 (see
@@ -33,17 +34,19 @@ __all__ = ["EXIT_USER_ERROR", "UserError", "build_parser", "main"]
 def build_parser() -> argparse.ArgumentParser:
     """The whole ``hicache-sim`` parser; each parsed command has ``func`` (and may have
     ``user_errors`` / ``error_prefix``, see :func:`cli.errors.run_command`)."""
-    from cli import config, demo, model, plan, replay, report, run, sweep, traces
+    from cli import advise, config, demo, model, plan, replay, report, run, sweep, traces
     from hicache import __version__
 
     parser = Parser(
         prog="hicache-sim",
-        description="Simulate SGLang HiCache (HiRadixCache v0.5.14): hit rates, policies, traces.",
+        description="Simulate SGLang HiCache (0.5.23's UnifiedRadixCache and 0.5.14's "
+        "HiRadixCache, decision for decision): hit rates, TTFT, policies, fleets, capacity.",
     )
     parser.add_argument("--version", action="version", version=f"hicache-sim {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     run.register(sub)
+    advise.register(sub)
     demo.register(sub)
     sweep.register(sub)
     plan.register(sub)

@@ -209,6 +209,59 @@ def _config_html(data: ReportData) -> str:
     return "\n".join(parts)
 
 
+def verdict_lines(data: ReportData) -> list[str]:
+    """The report's first lines, the answer before the figures: the highest hit rate (with its
+    device / host / L3 split), the lowest TTFT p90, HiCache against no host tier where both
+    were run on the same trace, and the overloaded runs (whose latencies are not a steady
+    state)."""
+    runs = [r for r in data.runs if r.summary.get("requests")]
+    if not runs:
+        return []
+
+    def p90(r: Any) -> float:
+        v = r.summary.get("ttft_p90_s")
+        return float(v) if isinstance(v, int | float) and v == v else float("inf")
+
+    def split(r: Any) -> str:
+        s = r.summary
+        out = f"device {s.get('device_hit_rate', 0):.1%}, host {s.get('host_hit_rate', 0):.1%}"
+        return out + (f", L3 {s['storage_hit_rate']:.1%}" if s.get("storage_hit_rate") else "")
+
+    hit = max(runs, key=lambda r: r.summary.get("hit_rate", 0.0))
+    fast = min(runs, key=p90)
+    lines = [
+        f"Highest hit rate: {hit.label}, {hit.summary.get('hit_rate', 0):.1%} of prompt tokens "
+        f"from cache ({split(hit)}).",
+        f"Lowest TTFT p90: {fast.label}, {_seconds(p90(fast))}.",
+    ]
+    trace = {r.conf.get("trace_sha256") for r in runs}
+    plain = [r for r in runs if not r.config.get("cache.enable_host", True)]
+    tiered = [r for r in runs if r.config.get("cache.enable_host", True)]
+    if plain and tiered and len(trace) == 1:
+        a, b = min(plain, key=p90), min(tiered, key=p90)
+        lines.append(
+            f"HiCache against no host tier: hit rate {a.summary.get('hit_rate', 0):.1%} -> "
+            f"{b.summary.get('hit_rate', 0):.1%}, TTFT p90 {_seconds(p90(a))} -> "
+            f"{_seconds(p90(b))} ({a.label} against {b.label})."
+        )
+    over = [r.label for r in runs if r.summary.get("overloaded")]
+    if over:
+        shown = ", ".join(over[:6]) + (", ..." if len(over) > 6 else "")
+        lines.append(
+            f"Overloaded ({len(over)} of {len(runs)}): {shown}: the server could not keep up, "
+            "so their latencies grow with the trace's length; compare them with care."
+        )
+    return lines
+
+
+def _seconds(v: float) -> str:
+    if v == float("inf"):
+        return "n/a"
+    if v < 1:
+        return f"{v * 1e3:.0f} ms"
+    return f"{v:.2f} s" if v < 600 else f"{v / 60:.1f} min"
+
+
 def _show(v: Any) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
@@ -342,6 +395,11 @@ def render_html(
         f"<p>{len(data.runs)} runs from {html.escape(', '.join(inputs))}. Simulated with "
         f"hicache-sim {html.escape(versions)}"
         f"; report by hicache-sim {__version__}.</p>",
+        (
+            '<section id="verdict"><h2>Verdict</h2><ul>'
+            + "".join(f"<li>{html.escape(line)}</li>" for line in verdict_lines(data))
+            + "</ul></section>"
+        ),
         f"<nav>{nav}</nav></header>",
         *sections,
         *(

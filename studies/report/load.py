@@ -78,6 +78,11 @@ class Run:
         flat = {f"{s}.{k}": v for s, body in self.conf["config"].items() for k, v in body.items()}
         if "storage" not in self.conf["config"]:
             flat.update(_storage_defaults())
+        served = self.conf.get("model", {}).get("name")
+        if served and flat.get("model.config"):
+            # model.config (a config.json) decides the shape: model.name is then only the
+            # preset it was read against; show the model that ran
+            flat["model.name"] = served
         return flat
 
     def value(self, key: str) -> Any:
