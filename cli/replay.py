@@ -406,7 +406,7 @@ def _add_calibrate(sub: Any) -> None:
         "from the both-directions runs, compute constants from GEMMs when measured on CUDA. "
         "The profile is marked measured only for CUDA measurements.",
     )
-    c.add_argument("bench_dir", type=Path)
+    c.add_argument("bench_dir", type=Path, help="output folder of hicache-sim replay bench")
     c.add_argument("replay_dirs", type=Path, nargs="*", help="replay run folders (ops.parquet)")
     c.add_argument("--out", type=Path, required=True, help="profile JSON to write")
     c.add_argument("--force", action="store_true", help="overwrite an existing --out")
@@ -428,7 +428,7 @@ def _add_run(sub: Any) -> None:
         "done as a real copy (compute is not executed); compare each op's time with the "
         "latency model. Pools are scaled to fit the memory budgets (the notes say how).",
     )
-    r.add_argument("trace", type=Path)
+    r.add_argument("trace", type=Path, help="trace file (.jsonl, .jsonl.gz, .parquet)")
     r.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"), help=_DEV_HELP)
     r.add_argument(
         "--profile", type=Path,

@@ -48,7 +48,11 @@ def _add_subcommands(parser: argparse.ArgumentParser) -> None:
     sub.required = True
 
     p = sub.add_parser("stats", help="print statistics of a trace (or of a vidur/Azure CSV)")
-    p.add_argument("file", type=Path)
+    p.add_argument(
+        "file",
+        type=Path,
+        help="trace file (.jsonl, .jsonl.gz, .parquet; stats also reads vidur/Azure CSVs)",
+    )
     p.add_argument(
         "--page-size",
         type=int_at_least(1),
@@ -60,7 +64,7 @@ def _add_subcommands(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--lenient", action="store_true", help="skip bad lines (and count them)")
 
     p = sub.add_parser("convert", help="convert between trace formats (and from CSV)")
-    p.add_argument("input", type=Path)
+    p.add_argument("input", type=Path, help="the file to convert (its format: --from, or detected)")
     p.add_argument("output", type=Path, help="output file: .jsonl, .jsonl.gz or .parquet")
     p.add_argument("--force", action="store_true", help="overwrite an existing output file")
     p.add_argument(
@@ -80,7 +84,11 @@ def _add_subcommands(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print a JSON summary")
 
     p = sub.add_parser("validate", help="check a trace file; exit 0 if it is valid")
-    p.add_argument("file", type=Path)
+    p.add_argument(
+        "file",
+        type=Path,
+        help="trace file (.jsonl, .jsonl.gz, .parquet; stats also reads vidur/Azure CSVs)",
+    )
     p.add_argument("--lenient", action="store_true", help="skip bad lines (and count them)")
     p.add_argument("--json", action="store_true", help="print a JSON summary")
 

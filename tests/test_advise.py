@@ -93,13 +93,11 @@ def test_the_page_reads_at_1400_px_in_a_browser(tmp_path: Path) -> None:
     assert main(["advise", str(CONV), "--max-requests", "300", "--jobs", "1", "--no-timed",
                  "--out", str(out)]) == 0  # fmt: skip
     page = out / "advise.html"
-    probe = page.read_text().replace(
-        "</body>",
-        (
-            "<script>document.body.setAttribute('data-probe', JSON.stringify({scroll: "
-            "document.documentElement.scrollWidth, text: document.body.innerText}));</script></body>"
-        ),
+    script = (
+        "<script>document.body.setAttribute('data-probe', JSON.stringify({scroll: "
+        "document.documentElement.scrollWidth, text: document.body.innerText}));</script>"
     )
+    probe = page.read_text().replace("</body>", script + "</body>")
     shown = tmp_path / "probe.html"
     shown.write_text(probe)
     cmd = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",

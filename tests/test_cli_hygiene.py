@@ -180,3 +180,37 @@ def test_host_pools_beyond_the_servers_dram_are_refused_with_the_figures(
                                      "cluster.instances=8"])  # fmt: skip
             got = host_memory(cfg)
             assert got is not None and not got.over, (tp, got)
+
+
+def test_a_config_json_given_as_config_says_what_it_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    hf = ROOT / "hicache" / "model_configs" / "llama-2-70b.json"
+    argv = ["run", str(TRACE), "--out", str(tmp_path / "r"), "--config", str(hf)]
+    assert main(argv) == 2
+    err = _err(capsys)
+    assert "Hugging Face config.json, not a hicache-sim config" in err
+    assert "--set model.config=FILE" in err and err.count("\n") == 1
+    cmd = tmp_path / "cmd.toml"
+    cmd.write_text("python -m sglang.launch_server --model-path Qwen/Qwen3-8B\n")
+    assert main([*argv[:-1], str(cmd)]) == 2
+    assert "an SGLang launch command, not a config: pass it as --sglang-args" in _err(capsys)
+
+
+def test_every_positional_argument_has_help() -> None:
+    import argparse
+
+    from cli.main import build_parser
+
+    missing = []
+
+    def walk(p: argparse.ArgumentParser, path: str) -> None:
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for name, sub in a.choices.items():
+                    walk(sub, f"{path} {name}")
+            elif not a.option_strings and not a.help:
+                missing.append(f"{path} {a.dest}")
+
+    walk(build_parser(), "hicache-sim")
+    assert missing == []

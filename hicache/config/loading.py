@@ -161,10 +161,35 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:
-            raise ConfigError("", f"invalid TOML: {e}", source) from None
+            raise ConfigError("", _not_toml(text, e), source) from None
         values, origin = _read_mapping(data, source)
     _apply_overrides(values, origin, overrides)
     return _build(values, origin, source)
+
+
+def _not_toml(text: str, err: tomllib.TOMLDecodeError) -> str:
+    """Why a ``--config`` file is not a config: a model's Hugging Face ``config.json`` (its
+    shape: ``--set model.config=FILE``) or an SGLang launch command are named as such."""
+    import json
+
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = None
+    if isinstance(data, dict) and ("architectures" in data or "model_type" in data):
+        return (
+            "this is a model's Hugging Face config.json, not a hicache-sim config (TOML); give "
+            "the model's shape with --set model.config=FILE (or --sglang-args '--model-path "
+            "FOLDER' for the checkpoint folder)"
+        )
+    if isinstance(data, dict):
+        return (
+            "a JSON file, not TOML: write the config as [section] key = value (see "
+            "hicache-sim config keys)"
+        )
+    if "--model-path" in text or "sglang.launch_server" in text:
+        return "an SGLang launch command, not a config: pass it as --sglang-args '...'"
+    return f"invalid TOML: {err}"
 
 
 def with_overrides(cfg: SimConfig, overrides: Sequence[str]) -> SimConfig:
