@@ -145,20 +145,20 @@ def _will_it_help(
 ) -> Answer:
     gain = best["hit_rate"] - none["hit_rate"]
     fits = footprint <= device
-    if fits:
-        text = (f"no: the trace's working set ({footprint:,} tokens, {_gb(footprint * bpt)} per "
-                f"rank) fits in the device pool ({device:,} tokens): HBM alone reaches "
-                f"{none['hit_rate']:.1%} of {inf:.1%} possible, a host tier adds "
-                f"{gain * 100:+.1f} points")  # fmt: skip
-    else:
-        verb = "yes" if gain >= HELPS_POINTS else "barely"
-        text = (f"{verb}: the working set ({footprint:,} tokens, {_gb(footprint * bpt)} per rank) "
-                f"is {footprint / device:,.0f}x the device pool; HBM alone serves "
-                f"{none['hit_rate']:.1%} of prompt tokens from cache, with a host tier "
-                f"{best['hit_rate']:.1%} (device {best['device_hit_rate']:.1%}, host "
-                f"{best['host_hit_rate']:.1%}) of the {inf:.1%} an infinite cache "
-                "would")  # fmt: skip
+    times = "fits in the device pool" if fits else f"is {footprint / device:,.1f}x the device pool"
+    size = (f"the trace's working set ({footprint:,} tokens, {_gb(footprint * bpt)} per rank) "
+            f"{times} ({device:,} tokens)")  # fmt: skip
+    split = (f"HBM alone serves {none['hit_rate']:.1%} of prompt tokens from cache, with a host "
+             f"tier {best['hit_rate']:.1%} (device {best['device_hit_rate']:.1%}, host "
+             f"{best['host_hit_rate']:.1%}; {gain * 100:+.1f} points), of the {inf:.1%} an "
+             "infinite cache would")  # fmt: skip
     verdict = "no" if fits or gain < HELPS_POINTS else "yes"
+    if verdict == "yes":
+        text = f"yes: {size}; {split}"
+    elif fits:
+        text = f"no: {size}: {split}"
+    else:
+        text = f"no: {size}, but what the trace reuses already stays in HBM: {split}"
     return Answer("Will HiCache help?", text, "cache-only replay (hicache-sim hitrate), "
                   "trace stats (working set, infinite-capacity hit rate)", verdict)  # fmt: skip
 
@@ -204,12 +204,19 @@ def _l3(cfg: SimConfig, l3: dict[str, Any], wt: dict[str, Any], bpt: int) -> Ans
     lines = ", ".join(f"{n:,} tokens: load {load * 1e3:.0f} ms vs recompute {rec * 1e3:.0f} ms"
                       for n, load, rec in rows)  # fmt: skip
     verdict = "yes" if gain >= HELPS_POINTS and faster else "no"
-    text = (
-        f"{verdict}: an unbounded {backend.name} store adds {gain * 100:+.1f} points "
-        f"(L3 {l3['storage_hit_rate']:.1%} of prompt tokens); from the store ({lines})"
+    what = (
+        f"an unbounded {backend.name} store adds {gain * 100:+.1f} points (L3 "
+        f"{l3['storage_hit_rate']:.1%} of prompt tokens)"
     )
     if not faster:
-        text += ": on this hardware an L3 hit is no faster than recomputing it"
+        text = f"no: on this hardware an L3 hit is no faster than recomputing it ({lines}); {what}"
+    elif verdict == "no":
+        text = (
+            f"no gain: loading from the store beats recomputing ({lines}), but {what}: the "
+            "trace reuses nothing that the host pool has not kept"
+        )
+    else:
+        text = f"yes: {what}; from the store {lines}"
     return Answer("Is L3 faster than recompute here?", text,
                   f"cache-only replay with L3; the {backend.name} preset's read cost and the "
                   "GPU's prefill cost model", verdict)  # fmt: skip
@@ -273,7 +280,8 @@ def _ttft(timed: dict[str, Any], best: str, host_gb: int) -> Answer:
     text = (f"TTFT p50 {sec(a['ttft_p50_s'])} -> {sec(b['ttft_p50_s'])}, p90 "
             f"{sec(a['ttft_p90_s'])} -> {sec(b['ttft_p90_s'])}, hit rate {a['hit_rate']:.1%} -> "
             f"{b['hit_rate']:.1%} (timed, with {best} and {host_gb} GB per rank)")  # fmt: skip
-    verdict = "faster" if b["ttft_p90_s"] < a["ttft_p90_s"] else "slower"
+    change = (b["ttft_p90_s"] - a["ttft_p90_s"]) / max(a["ttft_p90_s"], 1e-9)
+    verdict = "faster" if change < -0.02 else "slower" if change > 0.02 else "the same"
     if a.get("overloaded") or b.get("overloaded"):
         verdict = "overloaded"
         text += (". One instance cannot keep up with this trace at this rate (" +
