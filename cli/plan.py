@@ -194,7 +194,7 @@ def format_plan(plan: Plan) -> str:
     rows = plan.rows()
     cost = plan.gpu_hour_usd > 0
     head = ["configuration", "instances", "GPUs", "servers", "GPU-h", *(["cost $"] * cost),
-            "host GB/inst", "hit", "device", "host", "L3",
+            "host GB/rank", "host GB/inst", "hit", "device", "host", "L3",
             *(t.key.removesuffix("_s") for t in plan.targets)]  # fmt: skip
     cells = [head]
     for r in rows:
@@ -206,6 +206,7 @@ def format_plan(plan: Plan) -> str:
             "n/a" if missed else str(r["servers"]),
             "n/a" if r["gpu_hours"] is None else f"{r['gpu_hours']:.3g}",
             *(["n/a" if r["cost_usd"] is None else f"{r['cost_usd']:,.0f}"] * cost),
+            f"{r['host_gb_per_rank']:.1f}",
             f"{r['host_dram_gb_per_instance']:.1f}",
             *(_pct(r[k]) for k in ("hit_rate", "device_hit_rate", "host_hit_rate",
                                    "storage_hit_rate")),

@@ -242,6 +242,8 @@ class Plan:
                 "setup": c.config.setup,
                 "arrival_span_s": c.config.span_s,
                 "host_dram_gb_per_instance": c.config.host_dram_gb,
+                "host_gb_per_rank": c.config.host_tokens * c.config.kv_bytes_per_token / 1e9,
+                "device_gb_per_rank": c.config.device_tokens * c.config.kv_bytes_per_token / 1e9,
                 "device_tokens": c.config.device_tokens,
                 "host_tokens": c.config.host_tokens,
                 "hit_rate": chosen.get("hit_rate"),
