@@ -448,6 +448,14 @@ def _add_run(sub: Any) -> None:
         "--seed", type=int_at_least(0),
         help="run.seed (the simulator itself is deterministic)",
     )  # fmt: skip
+    p.add_argument(
+        "--seeds", type=int_at_least(1), metavar="K",
+        help="run K times, run.seed = seed, seed+1, ..., each on the trace with its sessions' "
+        "start offsets permuted by that seed (seed 0: the trace as recorded; a Mooncake "
+        "trace's conversations are found from its prefix hash ids) and router.seed + 0, 1, "
+        "...; prints the median and the 5th-95th percentile of the main figures, written to "
+        "summary.json (seeds); the run directory's tables are the first seed's",
+    )  # fmt: skip
     p.add_argument("--force", action="store_true", help="overwrite an existing run directory")
     add_max_requests(p)
     p.set_defaults(func=_cmd_run)
@@ -488,7 +496,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     print(format_setup(cfg, trace), flush=True)
     created = not args.out.exists()
     try:
-        summary = run_simulation(cfg, trace, args.out)
+        # with --seeds, the first run is seed run.seed's (the trace as recorded for seed 0)
+        summary = run_simulation(cfg, seed_trace(cfg, trace) if args.seeds else trace, args.out)
     except BaseException as e:
         if created:  # no half-written run directory is left behind
             shutil.rmtree(args.out, ignore_errors=True)
@@ -502,9 +511,102 @@ def _cmd_run(args: argparse.Namespace) -> int:
     note = cache_only_note(cfg, trace, summary)
     if note:
         print(note)
+    if args.seeds:
+        block = run_seeds(cfg, trace, args.seeds, summary)
+        summary["seeds"] = block
+        from sim.metrics import write_json_atomic
+
+        write_json_atomic(summary, args.out / "summary.json")
+        print(format_seeds(block))
     print(f"as SGLang flags: {format_sglang_command(cfg).splitlines()[0]}")
     print(f"run directory: {args.out}")
     return 0
+
+
+def seed_trace(cfg: Any, trace: Any) -> Any:
+    """The trace replica ``cfg.run.seed`` runs on under ``--seeds``: ``trace`` itself for
+    seed 0, else :func:`traces.resample.resample_sessions` of the requests the run uses
+    (the first ``workload.max_requests``, so that every replica replays the same ones)."""
+    from dataclasses import replace
+
+    from traces.resample import resample_sessions
+
+    seed = cfg.run.seed
+    if seed == 0:
+        return trace
+    limit = cfg.workload.max_requests or None
+    return resample_sessions(replace(trace, requests=trace.requests[:limit]), seed)
+
+
+def run_seeds(cfg: Any, trace: Any, k: int, first: dict[str, Any]) -> dict[str, Any]:
+    """``summary.json``'s ``seeds`` block: ``first`` (the run of ``cfg`` as given, seed
+    ``run.seed``) and ``k - 1`` more runs, replica ``i`` with ``run.seed + i`` and
+    ``router.seed + i`` on :func:`traces.resample.resample_sessions` of the requests the run
+    uses (``workload.max_requests``) by its ``run.seed``; each run's main figures (``runs``)
+    and their medians and 5th-95th percentiles (``intervals``)."""
+    from hicache.config import with_overrides
+    from sim.engine import run_simulation
+    from sim.metrics import SEED_INTERVAL, SEED_METRICS, seed_intervals
+    from traces.resample import RESAMPLE_METHOD
+
+    base, router_seed = cfg.run.seed, cfg.router.seed
+    summaries = [first]
+    for i in range(1, k):
+        seed = base + i
+        one = with_overrides(cfg, [f"run.seed={seed}", f"router.seed={router_seed + i}"])
+        print(f"seed {seed} ({i + 1} of {k})", flush=True)
+        summaries.append(run_simulation(one, seed_trace(one, trace)))
+    keep = ("requests", *SEED_METRICS, "overloaded")
+    runs = [
+        {"seed": base + i, **{key: s[key] for key in keep if key in s}}
+        for i, s in enumerate(summaries)
+    ]
+    return {
+        "method": RESAMPLE_METHOD,
+        "interval": list(SEED_INTERVAL),
+        "runs": runs,
+        "intervals": seed_intervals(summaries),
+    }
+
+
+def format_seeds(block: dict[str, Any]) -> str:
+    """The ``seeds`` block as a table: per figure the median and the 90 % interval."""
+    runs = block["runs"]
+    seeds = [r["seed"] for r in runs]
+    lo, hi = (round(q * 100) for q in block["interval"])
+    names = {
+        "hit_rate": "hit rate", "device_hit_rate": "device hit rate",
+        "host_hit_rate": "host hit rate", "storage_hit_rate": "L3 hit rate",
+        "ttft_p50_s": "TTFT p50", "ttft_p90_s": "TTFT p90", "ttft_p99_s": "TTFT p99",
+        "tpot_mean_s": "TPOT mean", "throughput_output_tok_s": "output tok/s",
+    }  # fmt: skip
+
+    def show(key: str, v: float) -> str:
+        if key.endswith("hit_rate"):
+            return f"{v:.2%}"
+        if key.endswith("_s") and not key.endswith("tok_s"):
+            return _duration(v)
+        return f"{v:,.0f}"
+
+    lines = [
+        f"seeds: {len(runs)} runs (run.seed {seeds[0]}-{seeds[-1]}; {block['method']}); "
+        f"median and {hi - lo}% interval (p{lo} - p{hi})"
+    ]
+    for key, iv in block["intervals"].items():
+        if key == "storage_hit_rate" and not any(r.get(key) for r in runs):
+            continue  # no L3 tier
+        lines.append(
+            f"  {names.get(key, key):<16} {show(key, iv['median']):>10}   "
+            f"{show(key, iv['lo'])} - {show(key, iv['hi'])}"
+        )
+    over = [r["seed"] for r in runs if r.get("overloaded")]
+    if over:
+        lines.append(f"  overloaded in {len(over)} of {len(runs)} runs (seeds {_seeds(over)})")
+    return "\n".join(lines)
+
+
+def _seeds(seeds: Sequence[int]) -> str:
+    return ", ".join(map(str, seeds[:8])) + (", ..." if len(seeds) > 8 else "")
 
 
 #: A timed run's hit rate this far (points) from the cache-only replay's gets a note.
@@ -516,7 +618,8 @@ def cache_only_note(cfg: Any, trace: Any, summary: dict[str, Any]) -> str | None
     pools and policy (``hitrate``) by more than :data:`CACHE_ONLY_GAP`, with the likely why:
     the replay serves one request at a time with the whole pool, the timed run shares it
     among the requests in flight (whose pages are locked and cannot be evicted), and admits
-    them in its own order. None for a fleet or an L3 run (no like replay) or a small gap."""
+    them in its own order. None for a fleet or an L3 run (no like replay), a run with a
+    warm-up window (the replay would count the window's requests) or a small gap."""
     from dataclasses import replace
 
     from hicache.config import resolve_pools
@@ -524,6 +627,8 @@ def cache_only_note(cfg: Any, trace: Any, summary: dict[str, Any]) -> str | None
     from studies.sweep.hitrate import run_hitrate_grid
 
     if cfg.cluster.instances > 1 or cfg.storage.enabled or cfg.cache.eviction == "oracle":
+        return None
+    if "warmup_requests" in summary:  # the replay counts every request: not like for like
         return None
     device, host, _ = resolve_pools(cfg)
     one = HitRateConfig(
@@ -608,6 +713,7 @@ def format_summary(s: dict[str, Any]) -> str:
     lines = [
         f"requests {s['requests']:,} ({s['rejected_requests']} rejected)  "
         f"simulated {s['sim_duration_s']:.1f} s in {s['wall_time_s']:.1f} s",
+        *_warmup_lines(s),
         f"hit rate {s['hit_rate']:.2%} (device {s['device_hit_rate']:.2%}, host "
         f"{s['host_hit_rate']:.2%}{l3})",
         f"TTFT {ttft}",
@@ -626,6 +732,22 @@ def format_summary(s: dict[str, Any]) -> str:
     if s.get("overloaded"):
         lines.append(f"WARNING: {s['overload_message']}")
     return "\n".join(lines)
+
+
+def _warmup_lines(s: dict[str, Any]) -> list[str]:
+    """What a warm-up window left out (``workload.warmup_s``); none without a window."""
+    if "warmup_requests" not in s:
+        return []
+    lines = [
+        f"warm-up: {s['warmup_requests']:,} requests arriving before {s['warmup_end_s']:.1f} s "
+        f"ran but count in no figure below (PCIe: copies from {s['warmup_end_s']:.1f} s on)"
+    ]
+    if not s["requests"]:
+        lines.append(
+            f"WARNING: workload.warmup_s={s['warmup_s']:g} covers every arrival: nothing was "
+            "measured; shorten the window"
+        )
+    return lines
 
 
 def _l3_line(st: dict[str, Any]) -> str:
@@ -688,4 +810,12 @@ def _fleet_line(s: dict[str, Any]) -> str:
     return line
 
 
-__all__ = ["REPO_DATA", "format_hitrate_table", "format_summary", "register"]
+__all__ = [
+    "REPO_DATA",
+    "format_hitrate_table",
+    "format_seeds",
+    "format_summary",
+    "register",
+    "run_seeds",
+    "seed_trace",
+]

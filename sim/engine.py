@@ -30,7 +30,13 @@ from sim.controller import SimController
 from sim.costs import Costs, build_costs
 from sim.instance import Instance
 from sim.link import DuplexLink
-from sim.metrics import Recorder, summarize, write_json_atomic, write_parquet_atomic
+from sim.metrics import (
+    Recorder,
+    summarize,
+    warmup_mask,
+    write_json_atomic,
+    write_parquet_atomic,
+)
 from sim.routers import Router, build_router
 from sim.scheduler import Scheduler, SchedulerParams, SimReq
 from sim.storage_setup import StorageSetup, storage_summary
@@ -415,13 +421,21 @@ def run_simulation(
     )
     duration = engine.run()
     frames = engine.frames(take=True)
+    warmup = cfg.workload.warmup_s
+    early = warmup_mask(frames["requests"], warmup)
+    if early is not None:  # the table keeps every request; these count in no figure
+        frames["requests"] = frames["requests"].assign(warmup=early)
     if frames_out is not None:
         frames_out.update(frames)
-    summary = summarize(frames, duration, time.perf_counter() - t0, closed_loop)
+    summary = summarize(frames, duration, time.perf_counter() - t0, closed_loop, warmup)
     summary["sglang_version"] = cfg.sglang.version
+    # the L3 block and the defect counters are the whole run's (the cache's own counters)
     summary.update(storage_summary(engine, frames))
     if cfg.cluster.instances > 1:
-        summary.update(fleet_summary(frames, duration, cfg.router.policy, cfg.cluster.instances))
+        summary.update(
+            fleet_summary(frames, duration, cfg.router.policy, cfg.cluster.instances,
+                          warmup_s=warmup)
+        )  # fmt: skip
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         conf = {
@@ -451,21 +465,29 @@ def run_simulation(
 
 
 def fleet_summary(
-    frames: dict[str, Any], duration: float, policy: str, instances: int, closed_loop: bool = False
+    frames: dict[str, Any],
+    duration: float,
+    policy: str,
+    instances: int,
+    closed_loop: bool = False,
+    warmup_s: float = 0.0,
 ) -> dict[str, Any]:
     """What a cluster adds to ``summary.json``: the instance count and router, each instance's
     own summary (hit rates, latencies and its own overload check, ``per_instance``; an
     instance the router sent nothing is there too, with ``requests`` 0), the instances that got
     no request (``idle_instances``), the load imbalance (most-loaded instance's routed requests
     and prompt tokens over the mean of all ``instances``: 1 = even, ``instances`` = one took
-    everything), and ``overloaded`` if any instance is (with the instances named)."""
+    everything), and ``overloaded`` if any instance is (with the instances named).
+    ``warmup_s``: each instance's summary leaves out the warm-up window's arrivals, the
+    window of the whole fleet (its first arrival), so the counts are the measured ones."""
     req, tr = frames["requests"], frames["transfers"]
     parts = dict(iter(req.groupby("instance", sort=True)))
+    start = float(req["arrival_s"].min()) if warmup_s > 0 and len(req) else None
     per = []
     for i in range(instances):
         part = parts.get(i, req.iloc[0:0])
         own = {"requests": part.reset_index(drop=True), "transfers": tr[tr["instance"] == i]}
-        one = summarize(own, duration, 0.0, closed_loop)
+        one = summarize(own, duration, 0.0, closed_loop, warmup_s, start)
         one.pop("wall_time_s", None)
         per.append({"instance": i, **one})
     counts = [p["requests"] for p in per]

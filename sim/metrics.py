@@ -298,13 +298,49 @@ def overload(req: Any, sim_duration_s: float, closed_loop: bool = False) -> dict
     return out
 
 
+def warmup_mask(req: Any, warmup_s: float, start_s: float | None = None) -> Any:
+    """Which requests of the ``requests`` table arrived in the warm-up window (before
+    ``start_s``, default the table's first arrival, + ``warmup_s``), a boolean array; None
+    when there is no window."""
+    if warmup_s <= 0 or not len(req):
+        return None
+    arrival = req["arrival_s"].to_numpy(dtype=float)
+    return arrival < (float(arrival.min()) if start_s is None else start_s) + warmup_s
+
+
 def summarize(
-    frames: dict[str, Any], sim_duration_s: float, wall_time_s: float, closed_loop: bool = False
+    frames: dict[str, Any],
+    sim_duration_s: float,
+    wall_time_s: float,
+    closed_loop: bool = False,
+    warmup_s: float = 0.0,
+    warmup_from_s: float | None = None,
 ) -> dict[str, Any]:
     """The headline figures of a run (``summary.json``); ``closed_loop``: the run replayed the
-    trace's think times (its overload check differs: :func:`overload`)."""
+    trace's think times (its overload check differs: :func:`overload`).
+
+    ``warmup_s`` (``workload.warmup_s``): the requests that arrived before the first arrival
+    + ``warmup_s`` ran (they filled the caches and loaded the server) but count in no figure:
+    hit rates, latencies, queueing, retractions and the overload check are over the later
+    arrivals; PCIe bytes over the copies that started after the window; output throughput
+    is the later arrivals' output tokens over the time from the window's end to the end of
+    the run. The summary then says how many were left out (``warmup_requests``) and where the
+    window ended (``warmup_end_s``); without a window it is exactly as before.
+    ``warmup_from_s``: where the window starts (default: this table's first arrival; a
+    fleet's instance takes the fleet's).
+    """
     req = frames["requests"]
     tr = frames["transfers"]
+    early = warmup_mask(req, warmup_s, warmup_from_s)
+    window: dict[str, Any] = {}
+    measured_s = sim_duration_s
+    if early is not None:
+        start = float(req["arrival_s"].min()) if warmup_from_s is None else warmup_from_s
+        end = start + warmup_s
+        window = {"warmup_s": warmup_s, "warmup_end_s": end, "warmup_requests": int(early.sum())}
+        req = req[~early].reset_index(drop=True)
+        tr = tr[tr["start_s"] >= end] if len(tr) else tr
+        measured_s = sim_duration_s - end
     done = req[req["finish_s"] >= 0]
     prompt = int(done["prompt_tokens"].sum())
     dev = int(done["device_hit_tokens"].sum())
@@ -341,15 +377,50 @@ def summarize(
         "e2e_mean_s": mean("e2e_s"),
         "queue_mean_s": mean("queue_s"),
         "load_stall_mean_s": mean("load_stall_s"),
-        "throughput_output_tok_s": out_tokens / sim_duration_s if sim_duration_s > 0 else 0.0,
+        "throughput_output_tok_s": out_tokens / measured_s if measured_s > 0 else 0.0,
         "retractions": int(req["retractions"].sum()),
         "bytes_d2h": bytes_d2h,
         "bytes_h2d": bytes_h2d,
         "sim_duration_s": sim_duration_s,
         "wall_time_s": wall_time_s,
         "closed_loop": closed_loop,
+        **window,
         **overload(req, sim_duration_s, closed_loop),
     }
+
+
+#: the figures ``--seeds`` reports a median and an interval for (``summary.json`` ``seeds``)
+SEED_METRICS = (
+    "hit_rate",
+    "device_hit_rate",
+    "host_hit_rate",
+    "storage_hit_rate",
+    "ttft_p50_s",
+    "ttft_p90_s",
+    "ttft_p99_s",
+    "tpot_mean_s",
+    "throughput_output_tok_s",
+)
+#: the interval's ends, as quantiles over the runs: the middle 90 %
+SEED_INTERVAL = (0.05, 0.95)
+
+
+def seed_intervals(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per :data:`SEED_METRICS` figure of ``runs`` (one summary per seed): the median and the
+    :data:`SEED_INTERVAL` quantiles (``lo``, ``hi``; numpy's linear interpolation, so the
+    median lies within them), over the runs where the figure is a number (NaN when none)."""
+    import numpy as np
+
+    out: dict[str, dict[str, float]] = {}
+    for key in SEED_METRICS:
+        values = np.array([float(r[key]) for r in runs if key in r], dtype=float)
+        values = values[np.isfinite(values)]
+        if not len(values):
+            out[key] = {"median": float("nan"), "lo": float("nan"), "hi": float("nan")}
+            continue
+        lo, mid, hi = np.quantile(values, [SEED_INTERVAL[0], 0.5, SEED_INTERVAL[1]])
+        out[key] = {"median": float(mid), "lo": float(lo), "hi": float(hi)}
+    return out
 
 
 def write_json_atomic(obj: Any, path: Path) -> None:

@@ -7,6 +7,7 @@ functions that need them (Parquet I/O, reuse distances), so the policy core can 
 
 from traces.io import iter_requests, read_trace, write_trace
 from traces.keys import page_symbols, token_ids_of
+from traces.resample import resample_sessions
 from traces.schema import (
     Request,
     Trace,
@@ -25,6 +26,7 @@ __all__ = [
     "iter_requests",
     "page_symbols",
     "read_trace",
+    "resample_sessions",
     "token_ids_of",
     "validate_request",
     "write_trace",

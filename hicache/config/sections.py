@@ -369,9 +369,16 @@ class WorkloadConfig:
     closed_loop: str = "auto"
     # outputs enter the cache at finish, as cache_finished_req does in SGLang
     outputs: str = "cache"
+    # 0 = no warm-up window. Else the requests that arrive within this many simulated seconds
+    # (after rate_scale) of the first arrival run (they fill the caches and load the server as
+    # on a server already running) but count in no summary figure (sim.metrics.summarize;
+    # PCIe bytes: the copies started after the window); summary.json says how many
+    # (warmup_requests), requests.parquet marks them (column warmup)
+    warmup_s: float = 0.0
 
     def __post_init__(self) -> None:
         _between("workload.rate_scale", self.rate_scale, 1e-6, 1e6)
+        _between("workload.warmup_s", self.warmup_s, 0.0, 1e12)
         _at_least("workload.max_requests", self.max_requests, 0)
         _choice("workload.closed_loop", self.closed_loop, CLOSED_LOOP_MODES)
         _choice("workload.outputs", self.outputs, OUTPUT_MODES)
