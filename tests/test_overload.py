@@ -104,3 +104,15 @@ def test_closed_loop_overload_end_to_end() -> None:
     assert "closed loop" in busy["overload_message"]
     calm = run_simulation(load_config(None, base), trace, None, False)
     assert calm["closed_loop"] is True and calm["overloaded"] is False
+
+
+def test_a_backlog_on_a_long_trace_is_overload_without_the_stretch() -> None:
+    """1,000 arrivals over 999 s whose queueing grows to 150 s: the run outlasts the arrivals by
+    only 1.15x (below the stretch), but the last tenth waits more than a tenth of the span."""
+    n = 1000
+    arrivals = [float(i) for i in range(n)]
+    queues = [0.15 * i for i in range(n)]
+    out = overload(_frame(arrivals, queues), sim_duration_s=1.15 * 999)
+    assert out["overloaded"] is True
+    calm = overload(_frame(arrivals, [0.5] * n), sim_duration_s=1.15 * 999)
+    assert calm["overloaded"] is False
