@@ -719,7 +719,7 @@ def format_summary(s: dict[str, Any]) -> str:
         f"TTFT {ttft}",
         f"TPOT mean {_duration(s['tpot_mean_s'])}  E2E mean {_duration(s['e2e_mean_s'])}  "
         f"output {s['throughput_output_tok_s']:.0f} tok/s",
-        f"PCIe D2H {s['bytes_d2h'] / 1e9:.1f} GB  H2D {s['bytes_h2d'] / 1e9:.1f} GB  "
+        f"PCIe per rank: D2H {s['bytes_d2h'] / 1e9:.1f} GB  H2D {s['bytes_h2d'] / 1e9:.1f} GB  "
         f"retractions {s['retractions']}",
     ]
     if storage:
@@ -755,7 +755,8 @@ def _l3_line(st: dict[str, Any]) -> str:
     wait = st.get("prefetch_wait_mean_s", 0.0)
     p90 = st.get("prefetch_wait_p90_s", 0.0)
     return (
-        f"L3 {st.get('backend', '?')}: read {st.get('bytes_read', 0) / 1e9:,.1f} GB  written "
+        f"L3 {st.get('backend', '?')}: per instance read "
+        f"{st.get('bytes_read', 0) / 1e9:,.1f} GB  written "
         f"{st.get('bytes_written', 0) / 1e9:,.1f} GB  prefetches {st.get('prefetches_issued', 0):,}"
         f" ({st.get('prefetches_terminated', 0):,} terminated, "
         f"{st.get('prefetches_revoked', 0):,} revoked)  wait mean {_duration(wait)} p90 "
