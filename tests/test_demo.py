@@ -55,7 +55,7 @@ def test_timed_part_has_an_l3_run_that_hits_the_store(demo: tuple[Path, str]) ->
     assert (run / "storage_calls.parquet").is_file()
     # printed: the L3 column, the store's traffic and the defects it would hit
     assert re.search(rf"{re.escape(L3_SETUP)} +{l3['hit_rate']:.2%}", stdout)
-    assert f"{L3_SETUP}: L3 read " in stdout
+    assert f"{L3_SETUP}: L3 per instance read " in stdout
     # the defects: 0.5.23 (the default) has one open, met under write_back only
     defects = summary["sglang_defects"]
     assert set(defects) == {"B6"} and summary["sglang_version"] == "0.5.23"
