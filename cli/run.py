@@ -472,6 +472,8 @@ def _resolve_config(args: argparse.Namespace) -> Any:
         extra.append((f"run.profile={args.profile}", f"--profile {args.profile}"))
     if args.seed is not None:
         extra.append((f"run.seed={args.seed}", f"--seed {args.seed}"))
+    if args.seeds:  # every replica replays resampled sessions (sim.seeds)
+        extra.append(("workload.resample_sessions=true", f"--seeds {args.seeds}"))
     extra += max_requests_override(args)
     resolved = resolve_config(args, extra)
     cfg = resolved.cfg
@@ -496,8 +498,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     print(format_setup(cfg, trace), flush=True)
     created = not args.out.exists()
     try:
-        # with --seeds, the first run is seed run.seed's (the trace as recorded for seed 0)
-        summary = run_simulation(cfg, seed_trace(cfg, trace) if args.seeds else trace, args.out)
+        summary = run_simulation(cfg, trace, args.out)
     except BaseException as e:
         if created:  # no half-written run directory is left behind
             shutil.rmtree(args.out, ignore_errors=True)
@@ -523,50 +524,22 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def seed_trace(cfg: Any, trace: Any) -> Any:
-    """The trace replica ``cfg.run.seed`` runs on under ``--seeds``: ``trace`` itself for
-    seed 0, else :func:`traces.resample.resample_sessions` of the requests the run uses
-    (the first ``workload.max_requests``, so that every replica replays the same ones)."""
-    from dataclasses import replace
-
-    from traces.resample import resample_sessions
-
-    seed = cfg.run.seed
-    if seed == 0:
-        return trace
-    limit = cfg.workload.max_requests or None
-    return resample_sessions(replace(trace, requests=trace.requests[:limit]), seed)
-
-
 def run_seeds(cfg: Any, trace: Any, k: int, first: dict[str, Any]) -> dict[str, Any]:
-    """``summary.json``'s ``seeds`` block: ``first`` (the run of ``cfg`` as given, seed
-    ``run.seed``) and ``k - 1`` more runs, replica ``i`` with ``run.seed + i`` and
-    ``router.seed + i`` on :func:`traces.resample.resample_sessions` of the requests the run
-    uses (``workload.max_requests``) by its ``run.seed``; each run's main figures (``runs``)
-    and their medians and 5th-95th percentiles (``intervals``)."""
+    """``summary.json``'s ``seeds`` block (:func:`sim.seeds.seed_block`): ``first`` (the run
+    of ``cfg`` as given, replica 0) and ``k - 1`` more runs, replica ``i`` of
+    :func:`sim.seeds.replica_settings` (``run.seed + i``, ``router.seed + i``, sessions
+    resampled)."""
     from hicache.config import with_overrides
     from sim.engine import run_simulation
-    from sim.metrics import SEED_INTERVAL, SEED_METRICS, seed_intervals
-    from traces.resample import RESAMPLE_METHOD
+    from sim.seeds import replica_overrides, seed_block
 
     base, router_seed = cfg.run.seed, cfg.router.seed
     summaries = [first]
     for i in range(1, k):
-        seed = base + i
-        one = with_overrides(cfg, [f"run.seed={seed}", f"router.seed={router_seed + i}"])
-        print(f"seed {seed} ({i + 1} of {k})", flush=True)
-        summaries.append(run_simulation(one, seed_trace(one, trace)))
-    keep = ("requests", *SEED_METRICS, "overloaded")
-    runs = [
-        {"seed": base + i, **{key: s[key] for key in keep if key in s}}
-        for i, s in enumerate(summaries)
-    ]
-    return {
-        "method": RESAMPLE_METHOD,
-        "interval": list(SEED_INTERVAL),
-        "runs": runs,
-        "intervals": seed_intervals(summaries),
-    }
+        one = with_overrides(cfg, replica_overrides(base, router_seed, i))
+        print(f"seed {base + i} ({i + 1} of {k})", flush=True)
+        summaries.append(run_simulation(one, trace))
+    return seed_block(summaries, [base + i for i in range(k)])
 
 
 def format_seeds(block: dict[str, Any]) -> str:
@@ -818,5 +791,4 @@ __all__ = [
     "format_summary",
     "register",
     "run_seeds",
-    "seed_trace",
 ]

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cli.args import check_output_dir, jobs_arg
+from cli.args import check_output_dir, int_at_least, jobs_arg
 from cli.errors import UserError, input_and_os_errors
 from studies.sweep import EXECUTORS, run_sweep
 from studies.sweep.grid import load_grid
@@ -60,6 +60,13 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         help="run jobs whose host pools exceed their server's DRAM anyway "
         "(gpu.allow_host_overcommit = true); without it such a job fails with the figures",
     )  # fmt: skip
+    p.add_argument(
+        "--seeds", type=int_at_least(1), metavar="K",
+        help="run every configuration K times (an axis 'seed': run.seed and router.seed + 0, "
+        "1, ..., K-1, each on the trace with its sessions' start offsets permuted by that "
+        "seed, seed 0 as recorded); OUT/seeds.csv and the printed table give per "
+        "configuration the median and 5th-95th percentile over the seeds",
+    )  # fmt: skip
     p.set_defaults(func=_cmd_sweep, user_errors=input_and_os_errors)
     return p
 
@@ -88,6 +95,10 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         grid = (grid if not isinstance(grid, Path) else load_grid(grid)).with_set(
             ["gpu.allow_host_overcommit=true"]
         )
+    if args.seeds:
+        from studies.sweep.seeds import with_seeds
+
+        grid = with_seeds(grid if not isinstance(grid, Path) else load_grid(grid), args.seeds)
     try:
         df = run_sweep(grid, args.out, jobs=args.jobs, executor=args.executor, address=args.address)
     except Exception:
@@ -95,7 +106,9 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         if created and args.out.is_dir() and not any(args.out.iterdir()):
             shutil.rmtree(args.out, ignore_errors=True)
         raise
-    print(format_results(df, time.perf_counter() - t0, args.out))
+    print(format_results(df, time.perf_counter() - t0, args.out, per_job=not args.seeds))
+    if args.seeds:
+        print(_write_seed_table(df, args.out))
     return 1 if (df["status"] != "ok").any() else 0
 
 
@@ -115,15 +128,49 @@ def _with_versions(grid: Any, text: str) -> Any:
     return grid.with_axis("sglang.version", versions)
 
 
-def format_results(df: pd.DataFrame, seconds: float, out: Path) -> str:
-    """A few lines for the terminal: counts, the headline metrics per job, the failures."""
+def _write_seed_table(df: pd.DataFrame, out: Path) -> str:
+    """Write ``out/seeds.csv`` (:func:`studies.sweep.seeds.seed_table`); the table as text:
+    per configuration the hit rate and TTFT p90 as median [interval], and the overloaded
+    seeds."""
+    from cli.run import _duration
+    from studies.sweep.seeds import interval_note, seed_table
+    from traces.fsutil import write_csv_atomic
+
+    table = seed_table(df)
+    write_csv_atomic(table, out / "seeds.csv")
+    if not len(table):
+        return f"no finished seeds: {out / 'seeds.csv'} is empty"
+    axes = list(table.columns[: table.columns.get_loc("seeds")])
+    shown = table[axes].copy()
+    show = {"hit_rate": lambda v: f"{v:.1%}", "ttft_p90_s": _duration}
+    for key, fmt in show.items():
+        if key in table.columns:
+            shown[key] = [
+                f"{fmt(m)} [{fmt(lo)} - {fmt(hi)}]"
+                for m, lo, hi in zip(
+                    table[key], table[f"{key}_lo"], table[f"{key}_hi"], strict=True
+                )
+            ]
+    shown["seeds"] = table["seeds"]
+    if "overloaded_seeds" in table.columns:
+        shown["overloaded"] = table["overloaded_seeds"].map(lambda n: str(n) if n else "")
+    head = f"per configuration, {interval_note()}:"
+    body = shown.rename(columns={"hit_rate": "hit rate", "ttft_p90_s": "TTFT p90"})
+    return "\n".join(
+        [head, body.to_string(index=False, max_rows=40), f"seeds: {out / 'seeds.csv'}"]
+    )
+
+
+def format_results(df: pd.DataFrame, seconds: float, out: Path, per_job: bool = True) -> str:
+    """A few lines for the terminal: counts, the headline metrics per job (unless not
+    ``per_job``: a ``--seeds`` sweep prints them per configuration instead), the failures."""
     ok = df[df["status"] == "ok"]
     failed = df[df["status"] != "ok"]
     lines = [
         f"{len(df)} jobs: {df.attrs.get('ran', 0)} ran, {df.attrs.get('reused', 0)} already done, "
         f"{len(failed)} failed ({seconds:.1f} s)",
     ]
-    if len(ok) and "hit_rate" in df.columns:
+    if per_job and len(ok) and "hit_rate" in df.columns:
         cols = list(df.columns)
         axes = cols[3 : cols.index("device_tokens")]
         from cli.run import _duration

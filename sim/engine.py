@@ -39,6 +39,7 @@ from sim.metrics import (
 )
 from sim.routers import Router, build_router
 from sim.scheduler import Scheduler, SchedulerParams, SimReq
+from sim.seeds import replica_trace
 from sim.storage_setup import StorageSetup, storage_summary
 from traces.store import BuiltOnRead
 
@@ -387,7 +388,8 @@ def run_simulation(
     device_tokens, host_tokens, _ = resolve_pools(cfg)
     costs = build_costs(cfg)
     ps = cfg.cache.page_size
-    # keys are built when a request first needs them and dropped at its finish
+    if cfg.workload.resample_sessions:  # a --seeds replica (sim.seeds)
+        trace = replica_trace(trace, cfg.run.seed, cfg.workload.max_requests)
     # each request is built when it arrives and freed once finished and recorded; its keys
     # are built when it first needs them and dropped at its finish
     paged = PagedTrace(

@@ -394,40 +394,6 @@ def summarize(
     }
 
 
-#: the figures ``--seeds`` reports a median and an interval for (``summary.json`` ``seeds``)
-SEED_METRICS = (
-    "hit_rate",
-    "device_hit_rate",
-    "host_hit_rate",
-    "storage_hit_rate",
-    "ttft_p50_s",
-    "ttft_p90_s",
-    "ttft_p99_s",
-    "tpot_mean_s",
-    "throughput_output_tok_s",
-)
-#: the interval's ends, as quantiles over the runs: the middle 90 %
-SEED_INTERVAL = (0.05, 0.95)
-
-
-def seed_intervals(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """Per :data:`SEED_METRICS` figure of ``runs`` (one summary per seed): the median and the
-    :data:`SEED_INTERVAL` quantiles (``lo``, ``hi``; numpy's linear interpolation, so the
-    median lies within them), over the runs where the figure is a number (NaN when none)."""
-    import numpy as np
-
-    out: dict[str, dict[str, float]] = {}
-    for key in SEED_METRICS:
-        values = np.array([float(r[key]) for r in runs if key in r], dtype=float)
-        values = values[np.isfinite(values)]
-        if not len(values):
-            out[key] = {"median": float("nan"), "lo": float("nan"), "hi": float("nan")}
-            continue
-        lo, mid, hi = np.quantile(values, [SEED_INTERVAL[0], 0.5, SEED_INTERVAL[1]])
-        out[key] = {"median": float(mid), "lo": float(lo), "hi": float(hi)}
-    return out
-
-
 def write_json_atomic(obj: Any, path: Path) -> None:
     """``summary.json`` / ``config.json``: sorted keys, one-space indent (stable diffs)."""
     fsutil.write_json_atomic(obj, path, indent=1, sort_keys=True)

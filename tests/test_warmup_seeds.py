@@ -12,14 +12,8 @@ import pytest
 
 from cli.main import main
 from hicache.config import load_config
-from sim.metrics import (
-    SEED_METRICS,
-    RequestRow,
-    TransferRow,
-    request_frame,
-    seed_intervals,
-    summarize,
-)
+from sim.metrics import RequestRow, TransferRow, request_frame, summarize
+from sim.seeds import SEED_METRICS, seed_intervals
 from traces.resample import resample_sessions, session_groups
 from traces.schema import Request, Trace
 

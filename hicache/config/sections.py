@@ -42,6 +42,12 @@ KV_DTYPES = (hardware.AUTO_DTYPE, *hardware.KV_DTYPE_BYTES)
 #: SGLang's --hicache-ratio when none is given (0.5.14 pool_host/base.py; 0.5.23
 #: hicache_hook.py:100-126 resolves None to it in the default host mode).
 DEFAULT_HICACHE_RATIO = 2.0
+#: ... and in ``--hicache-host-memory-mode buffer_only`` (0.5.23 hicache_hook.py:121-124: host
+#: RAM only stages copies to and from L3, so it needs less).
+BUFFER_ONLY_HICACHE_RATIO = 1.2
+#: ``cache.host_memory_mode`` values: SGLang 0.5.19+'s --hicache-host-memory-mode
+#: (arg_groups/hicache_hook.py:247-252).
+HOST_MEMORY_MODES = ("cache", "buffer_only")
 #: The most pages a pool may have: the policy core keeps a free list per pool (about 40 B a
 #: page), so a pool beyond this is a typo (1e12 tokens) rather than a study, and would exhaust
 #: memory instead of giving an error. A real pool at page size 1 is ~10^6 pages.
@@ -263,10 +269,20 @@ class CacheConfig:
     # parameters (slru protected_threshold; tlru threshold, next_prompt_estimate, in tokens);
     # "" = SGLang's defaults. sglang.version 0.5.23 only
     eviction_policy_config: str = ""
+    # SGLang 0.5.19+'s --hicache-host-memory-mode: "cache" (its default: host RAM is the L2
+    # tier) or "buffer_only" (host RAM only stages copies between HBM and the L3 store:
+    # nothing is host-cached, every hit is device or L3; needs storage.backend, turns
+    # write_back into write_through, and an unset cache.hicache_ratio means 1.2, not 2.0).
+    # sglang.version 0.5.23 only
+    host_memory_mode: str = "cache"
 
     def __post_init__(self) -> None:
         _at_least("cache.page_size", self.page_size, 1)
         _choice("cache.write_policy", self.write_policy, WRITE_POLICIES)
+        _choice("cache.host_memory_mode", self.host_memory_mode, HOST_MEMORY_MODES)
+        if self.host_memory_mode == "buffer_only" and self.write_policy == "write_back":
+            # SGLang resolves it so (hicache_hook.py:278-288): no host tier to write back to
+            object.__setattr__(self, "write_policy", "write_through")
         _choice("cache.eviction", self.eviction, EVICTION_CHOICES)
         _at_least("cache.hicache_ratio", self.hicache_ratio, 0)
         if self.hicache_ratio > 0 and not self.hicache_ratio > 0:
@@ -375,6 +391,10 @@ class WorkloadConfig:
     # PCIe bytes: the copies started after the window); summary.json says how many
     # (warmup_requests), requests.parquet marks them (column warmup)
     warmup_s: float = 0.0
+    # true: the run replays a replica of the trace with its sessions' start offsets permuted
+    # by run.seed (traces.resample.resample_sessions; seed 0 keeps the trace as recorded),
+    # so that runs with different seeds give an interval (run/sweep/plan --seeds K set it)
+    resample_sessions: bool = False
 
     def __post_init__(self) -> None:
         _between("workload.rate_scale", self.rate_scale, 1e-6, 1e6)
@@ -690,9 +710,41 @@ class SimConfig:
         check_host_memory(self)
 
 
+def default_hicache_ratio(cfg: SimConfig) -> float:
+    """SGLang's ``--hicache-ratio`` when none is given: 2.0, or 1.2 in buffer_only mode."""
+    if cfg.cache.host_memory_mode == "buffer_only":
+        return BUFFER_ONLY_HICACHE_RATIO
+    return DEFAULT_HICACHE_RATIO
+
+
+def _check_host_memory_mode(cfg: SimConfig) -> None:
+    """``cache.host_memory_mode = "buffer_only"``: what SGLang requires of it
+    (hicache_hook.py:247-296, unified_radix_cache.py:457-470)."""
+    if cfg.cache.host_memory_mode != "buffer_only":
+        return
+    where = "cache.host_memory_mode"
+    if cfg.sglang.version == "0.5.14":
+        raise ConfigError(
+            where,
+            'buffer_only is SGLang\'s since 0.5.19: set sglang.version = "0.5.23" to use it',
+        )
+    if not cfg.cache.enable_host:
+        raise ConfigError(
+            where, "buffer_only stages copies through the host pool: it needs cache.enable_host"
+        )
+    if not cfg.storage.enabled:
+        raise ConfigError(
+            where,
+            "buffer_only requires an L3 storage tier (set storage.backend; SGLang refuses to "
+            "start without --hicache-storage-backend: host memory is only a staging buffer "
+            "and all cached data lives in storage)",
+        )
+
+
 def _check_version_sections(cfg: SimConfig) -> None:
     """What ``sglang.version`` allows in the other sections."""
     version, c = cfg.sglang.version, cfg.cache
+    _check_host_memory_mode(cfg)
     if version == "0.5.14":
         if c.eviction == "tlru":
             raise ConfigError(

@@ -219,6 +219,9 @@ class Plan:
     gpu_hour_usd: float = 0.0
     trace: str = ""
     """The trace's file name (for the report's reader)."""
+    seeds: int = 1
+    """Replicas per evaluation (``--seeds``; :mod:`sim.seeds`): targets are judged on their
+    medians."""
 
     def rows(self) -> list[dict[str, Any]]:
         """One flat row per configuration (the CSV, the table)."""
@@ -258,6 +261,11 @@ class Plan:
                 row[f"{t.key}_best"] = None if best is None else best[0]
                 row[f"{t.key}_best_at"] = None if best is None else best[1]
                 row[f"{t.key}_floor"] = c.floors.get(t.key)
+                if self.seeds > 1:
+                    iv = chosen.get("seeds", {}).get("intervals", {}).get(t.key, {})
+                    row[f"{t.key}_lo"], row[f"{t.key}_hi"] = iv.get("lo"), iv.get("hi")
+            if self.seeds > 1:
+                row["seeds"] = self.seeds
             row["evaluations"] = len(c.evaluations)
             row["monotone"] = c.monotone
             row["overrides"] = ";".join(c.config.overrides)
@@ -275,6 +283,7 @@ class Plan:
             "gpu_hour_usd": self.gpu_hour_usd,
             "trace": self.trace,
             "max_instances": self.max_instances,
+            "seeds": self.seeds,
             "gpu_hours_basis": "instances x model.tp x arrival span (last - first arrival, "
             "at workload.rate_scale)",
             "configurations": [
@@ -323,7 +332,32 @@ class Plan:
                     "a larger failed): the answer passes but may not be the minimum"
                 )
             out.extend(f"{c.config.name}: {line}" for line in c.trends)
+            out.extend(f"{c.config.name}: {line}" for line in _seed_lines(self.targets, c))
         return out
+
+
+def _seed_lines(targets: Sequence[Target], c: ConfigPlan) -> list[str]:
+    """Under ``--seeds``, per target that some seeds missed at the chosen N: the median it
+    was judged on, the interval over the seeds and in how many seeds it was met."""
+    block = (c.chosen or {}).get("seeds")
+    if not block:
+        return []
+    runs, (lo_q, hi_q) = block["runs"], block["interval"]
+    lines = []
+    for t in targets:
+        iv = block["intervals"].get(t.key)
+        if iv is None:
+            continue
+        met = sum(t.meets(float(r[t.key])) for r in runs if t.key in r)
+        if met == len(runs):  # the table's interval says enough
+            continue
+        lines.append(
+            f"at N = {c.instances}, {t.key} median {_shown(t.key, iv['median'])} "
+            f"(p{round(lo_q * 100)} - p{round(hi_q * 100)} over {len(runs)} seeds: "
+            f"{_shown(t.key, iv['lo'])} - {_shown(t.key, iv['hi'])}); {t.label} met in "
+            f"{met} of {len(runs)} seeds"
+        )
+    return lines
 
 
 def _shown(key: str, value: float) -> str:
@@ -353,13 +387,15 @@ def run_plan(
     progress: bool | None = None,
     slo: Slo | None = None,
     gpu_hour_usd: float = 0.0,
+    seeds: int = 1,
 ) -> Plan:
     """Search every configuration (module docstring) and return the :class:`Plan`.
 
     ``executor``/``jobs``/``address`` as :func:`studies.sweep.run_sweep`; ``progress``: a bar
     over evaluations (None = only on a terminal). ``slo``: what ``goodput`` counts (needed by
     a goodput target). ``gpu_hour_usd``: a price per GPU-hour for the cost column (0: none).
-    A failing simulation raises.
+    ``seeds`` > 1: every evaluation is that many replicas over resampled traces
+    (:mod:`sim.seeds`), judged on their medians. A failing simulation raises.
     """
     from tqdm import tqdm
 
@@ -369,7 +405,9 @@ def run_plan(
         raise StudyError("a goodput target needs an SLO: --slo ttft=2s,tpot=50ms")
     floors = [_floors(c, trace, targets) for c in configs]
     bar = tqdm(
-        total=sum(not c.refused for c in configs) * Search(max_instances).remaining_bound(),
+        total=sum(not c.refused for c in configs)
+        * Search(max_instances).remaining_bound()
+        * max(1, seeds),
         desc="plan",
         unit="run",
         disable=None if progress is None else not progress,
@@ -377,13 +415,13 @@ def run_plan(
     )
 
     def on_wave(searches: Sequence[Search]) -> None:
-        bar.total = bar.n + sum(s.remaining_bound() for s in searches)
+        bar.total = bar.n + sum(s.remaining_bound() for s in searches) * max(1, seeds)
         bar.refresh()
 
     active = [c for c in configs if not c.refused]  # a refused one is never evaluated
     dicts = [c.config for c in active]
     try:
-        with Executor(trace, executor, jobs, address, lambda: bar.update(1), slo) as ex:
+        with Executor(trace, executor, jobs, address, lambda: bar.update(1), slo, seeds) as ex:
             found = run_searches(
                 len(active), targets, max_instances, lambda wave: ex.run(dicts, wave), on_wave
             )
@@ -399,7 +437,7 @@ def run_plan(
         plans.append(ConfigPlan(c, s.answer, sorted(s.evaluations.values(), key=_n), s.monotone,
                                 trend_notes(s.evaluations, targets), f))  # fmt: skip
     name = trace.path.name if trace.path else ""
-    return Plan(list(targets), max_instances, plans, slo, gpu_hour_usd, name)
+    return Plan(list(targets), max_instances, plans, slo, gpu_hour_usd, name, max(1, seeds))
 
 
 def _floors(c: PlanConfig, trace: Trace, targets: Sequence[Target]) -> dict[str, float]:

@@ -28,24 +28,33 @@ _TRACES: dict[str, Trace] = {}
 
 class EvalTask(NamedTuple):
     """One job: ``config`` with ``cluster.instances = instances``, over trace ``trace_key``;
-    with ``slo``, the summary gains ``goodput``."""
+    with ``slo``, the summary gains ``goodput``; ``replica`` >= 0: replica ``replica`` of a
+    ``--seeds`` plan (:func:`sim.seeds.replica_settings`)."""
 
     config: Config
     instances: int
     trace_key: str
     slo: Slo | None = None
+    replica: int = -1
 
 
 def simulate(
-    config: Config, instances: int, trace: Trace, slo: Slo | None = None
+    config: Config, instances: int, trace: Trace, slo: Slo | None = None, replica: int = -1
 ) -> dict[str, Any]:
     """The summary of one run of ``config`` with ``instances`` instances (no files), with
-    ``goodput`` (:func:`goodput`) when an ``slo`` is given."""
+    ``goodput`` (:func:`goodput`) when an ``slo`` is given; replica ``replica`` of it when
+    >= 0 (:func:`sim.seeds.replica_settings`)."""
     from hicache.config import config_from_dict
     from sim.engine import run_simulation
+    from sim.seeds import replica_settings
 
     data = {section: dict(body) for section, body in config.items()}
     data.setdefault("cluster", {})["instances"] = instances
+    if replica >= 0:
+        seeds = replica_settings(data["run"]["seed"], data["router"]["seed"], replica)
+        for key, value in seeds.items():
+            section, _, name = key.partition(".")
+            data[section][name] = value
     frames: dict[str, Any] = {}
     summary = run_simulation(config_from_dict(data), trace, None, False, frames)
     if slo is not None:
@@ -67,12 +76,12 @@ def goodput(requests: Any, slo: Slo) -> float:
 
 def evaluate(task: EvalTask) -> dict[str, Any]:
     """The job function of the local pool: :func:`simulate` on the shared trace."""
-    return simulate(task.config, task.instances, _TRACES[task.trace_key], task.slo)
+    return simulate(task.config, task.instances, _TRACES[task.trace_key], task.slo, task.replica)
 
 
 def _evaluate_with(task: EvalTask, trace: Trace) -> dict[str, Any]:
     """The job function of a Ray task (the trace comes from the object store)."""
-    return simulate(task.config, task.instances, trace, task.slo)
+    return simulate(task.config, task.instances, trace, task.slo, task.replica)
 
 
 class Executor:
@@ -80,8 +89,10 @@ class Executor:
 
     ``kind``: ``"local"`` (processes; ``jobs`` workers, 0 = all cores, 1 = this process) or
     ``"ray"`` (``address`` = an existing cluster; otherwise a local runtime with ``jobs``
-    CPUs). ``on_done()`` is called as each evaluation ends (a progress bar). A failing
-    simulation raises: a plan with a hole in it is not a plan.
+    CPUs). ``on_done()`` is called as each run ends (a progress bar). ``seeds`` > 1: each
+    evaluation is that many replicas (:mod:`sim.seeds`), run side by side and folded into
+    their :func:`sim.seeds.median_summary`. A failing simulation raises: a plan with a hole
+    in it is not a plan.
     """
 
     def __init__(
@@ -92,6 +103,7 @@ class Executor:
         address: str | None = None,
         on_done: Callable[[], None] | None = None,
         slo: Slo | None = None,
+        seeds: int = 1,
     ) -> None:
         if kind not in EXECUTORS:
             raise StudyError(f"executor must be one of {', '.join(EXECUTORS)}, got {kind!r}")
@@ -101,6 +113,7 @@ class Executor:
         self.kind, self.jobs, self.address = kind, jobs, address
         self.on_done = on_done
         self.slo = slo
+        self.seeds = max(1, seeds)
         self.key = f"plan-{id(self)}"
         self._ray: Any = None
         self._ray_started = False
@@ -118,10 +131,23 @@ class Executor:
             self._ray.shutdown()
 
     def run(self, configs: Sequence[Config], wave: Sequence[tuple[int, int]]) -> list[Any]:
-        """Summaries of ``(configuration index, N)`` pairs, in order."""
-        tasks = [EvalTask(configs[i], n, self.key, self.slo) for i, n in wave]
-        if self.kind == "ray":
-            return self._run_ray(tasks)
+        """Summaries of ``(configuration index, N)`` pairs, in order (with ``seeds`` > 1,
+        each the median summary of its replicas)."""
+        from sim.seeds import median_summary
+
+        k = self.seeds
+        replicas = range(k) if k > 1 else [-1]
+        tasks = [EvalTask(configs[i], n, self.key, self.slo, r) for i, n in wave for r in replicas]
+        runs = self._run_ray(tasks) if self.kind == "ray" else self._run_local(tasks)
+        if k == 1:
+            return runs
+        out = []
+        for j, (i, _) in enumerate(wave):
+            base = configs[i]["run"]["seed"]
+            out.append(median_summary(runs[j * k : (j + 1) * k], [base + r for r in range(k)]))
+        return out
+
+    def _run_local(self, tasks: Sequence[EvalTask]) -> list[Any]:
         results: dict[int, dict[str, Any]] = {}
 
         def collect(i: int, summary: dict[str, Any]) -> None:

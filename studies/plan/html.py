@@ -55,11 +55,17 @@ def plan_html(plan: Plan) -> str:
             text = f"&gt; {plan.max_instances}" if c == "instances" and v is None else None
             if r["instances"] is None and c in {t.key for t in plan.targets}:
                 text = f"({html.escape(_cell(c, r[f'{c}_best']))} best)"
+            elif r.get(f"{c}_lo") is not None:  # --seeds: the median and its interval
+                shown = f"{_cell(c, v)} [{_cell(c, r[f'{c}_lo'])} – {_cell(c, r[f'{c}_hi'])}]"
+                text = html.escape(shown)
             cells.append(f"<td>{text or html.escape(_cell(c, v))}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
     targets = ", ".join(t.label for t in plan.targets)
     if plan.slo is not None:
         targets += f"; goodput counts requests with {plan.slo.label}"
+    if plan.seeds > 1:
+        targets += (f"; each judged on the median of {plan.seeds} seeds (sessions resampled), "
+                    "in brackets the 5th-95th percentile")  # fmt: skip
     savings = "".join(f"<li>{html.escape(s)}</li>" for s in _savings(plan))
     notes = "".join(f"<li>{html.escape(n)}</li>" for n in plan.notes())
     setups = "".join(
