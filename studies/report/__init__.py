@@ -24,6 +24,11 @@ directories, :mod:`studies.sweep`) and writes:
 
 Runs written before the L3 tier (no storage columns or keys) load as runs without one.
 
+A run with a warm-up window (``workload.warmup_s``) reports as its summary.json counts: the
+figures and tables of requests leave the window's requests (``warmup`` in requests.parquet)
+out, and copy totals the copies that started in it; the figures over time show the whole run
+with the window shaded, and the header says what was left out.
+
 Runs are grouped automatically: the config keys whose values differ between runs label them.
 Keys that size the pools (device tokens, host ratio/size) form the capacity axis; the others
 (write policy, eviction, ...) form the series ("policy"). When only the request rate varies,

@@ -26,8 +26,9 @@ def quantile_grid() -> list[float]:
 
 
 def ttft_quantiles(run: Run) -> list[float]:
-    """TTFT at probabilities k/CDF_POINTS (k = 1..CDF_POINTS) over finished requests,
-    nearest rank (numpy ``inverted_cdf``): every point is a measured TTFT."""
+    """TTFT at probabilities k/CDF_POINTS (k = 1..CDF_POINTS) over finished requests (the
+    warm-up window's left out, :meth:`~studies.report.load.Run.finished`), nearest rank
+    (numpy ``inverted_cdf``): every point is a measured TTFT."""
     import numpy as np
 
     ttft = run.finished()["ttft_s"].dropna().to_numpy(dtype=float)
@@ -49,10 +50,10 @@ BREAKDOWN_PARTS = ("prefetch wait", "queueing", "load stall", "prefill compute",
 
 
 def ttft_breakdown(run: Run) -> dict[str, float]:
-    """Mean seconds per finished request: L3 prefetch wait (arrival until its prefetch ended;
-    0 without an L3 tier), queueing (the rest of arrival to admission), load stall (waiting
-    for host->device loads), prefill compute, and other (the rest of the TTFT: waiting between
-    prefill chunks and for batch slots); plus the mean TTFT."""
+    """Mean seconds per finished request (warm-up left out): L3 prefetch wait (arrival until
+    its prefetch ended; 0 without an L3 tier), queueing (the rest of arrival to admission),
+    load stall (waiting for host->device loads), prefill compute, and other (the rest of the
+    TTFT: waiting between prefill chunks and for batch slots); plus the mean TTFT."""
     req = run.finished()
     if not len(req):
         return {p: math.nan for p in (*BREAKDOWN_PARTS, "ttft")}
@@ -69,6 +70,29 @@ def ttft_breakdown(run: Run) -> dict[str, float]:
         "other": max(0.0, ttft - q - stall - pre),
         "ttft": ttft,
     }
+
+
+def warmup_note(data: ReportData) -> str:
+    """What the runs' warm-up windows left out, one sentence ("" when no run has one):
+    "Warm-up: the first 120 s (1,234 requests) ran but count in no figure ...". Runs with
+    different windows or counts are listed per window, with the range of counts."""
+    by_window: dict[float, list[int]] = {}
+    for r in data.runs:
+        if r.warmup_window_s is not None:
+            by_window.setdefault(r.warmup_s, []).append(r.warmup_requests)
+    if not by_window:
+        return ""
+    parts = []
+    for window_s, counts in sorted(by_window.items()):
+        lo, hi = min(counts), max(counts)
+        n = f"{lo:,} requests" if lo == hi else f"{lo:,} to {hi:,} requests per run"
+        parts.append(f"the first {window_s:g} s ({n})")
+    without = sum(1 for r in data.runs if r.warmup_window_s is None)
+    others = f" ({without} run(s) without a window count every request)" if without else ""
+    return (
+        f"Warm-up: {' and '.join(parts)} ran but count in no figure or table{others}, as in "
+        "summary.json; the figures over time show the whole run and shade the window."
+    )
 
 
 def timeline_runs(data: ReportData) -> list[Run]:
@@ -204,16 +228,18 @@ def pcie(run: Run, bins: int = PCIE_BINS) -> dict[str, list[float | None]]:
 
 
 def pcie_totals(run: Run) -> dict[str, float]:
-    """Per direction over the whole run: the busy fraction of the link (``d2h_busy``, a
-    cluster's mean over its links; NaN when the run took no simulated time) and the gigabytes
+    """Per direction over the run (with a warm-up window, as summary.json: the copies that
+    started after it, over the time after it): the busy fraction of the link (``d2h_busy``, a
+    cluster's mean over its links; NaN when that took no simulated time) and the gigabytes
     moved (``d2h_gb``, all links)."""
-    tr = run.table("transfers")
-    end = float(run.summary["sim_duration_s"])
+    tr = run.measured_transfers()
+    window = run.warmup_window_s
+    span_s = float(run.summary["sim_duration_s"]) - (window[1] if window else 0.0)
     out: dict[str, float] = {}
     for d in ("d2h", "h2d"):
         sel = tr[tr["direction"] == d]
         busy = float((sel["end_s"] - sel["start_s"]).sum())
-        out[f"{d}_busy"] = busy / end / run.instances if end > 0 else math.nan
+        out[f"{d}_busy"] = busy / span_s / run.instances if span_s > 0 else math.nan
         out[f"{d}_gb"] = float(sel["bytes"].sum()) / 1e9
     return out
 
@@ -221,8 +247,9 @@ def pcie_totals(run: Run) -> dict[str, float]:
 def write_traffic(run: Run) -> dict[str, Any]:
     """Tokens copied to the host (D2H pages x page size), loaded back (H2D), the write
     amplification (written / loaded; None when nothing was loaded) and the excess writes
-    (written - loaded: a lower bound on copies that were never read back)."""
-    tr = run.table("transfers")
+    (written - loaded: a lower bound on copies that were never read back). With a warm-up
+    window, the copies that started after it (as summary.json's PCIe bytes)."""
+    tr = run.measured_transfers()
     written = int(tr.loc[tr["direction"] == "d2h", "pages"].sum()) * run.page_size
     loaded = int(tr.loc[tr["direction"] == "h2d", "pages"].sum()) * run.page_size
     return {

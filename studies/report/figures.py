@@ -55,6 +55,13 @@ _PART_COLORS = {
 }
 
 
+def _warmup_sentence(data: ReportData) -> str:
+    """The captions' note on the warm-up window ("" when no run has one)."""
+    if not data.any_warmup:
+        return ""
+    return " Requests of the warm-up window are left out, as in summary.json."
+
+
 # --- hit rate --------------------------------------------------------------------------------
 
 
@@ -187,7 +194,8 @@ def fig_hitrate(data: ReportData) -> ReportFigure:
         "Hit rate vs capacity",
         "Share of prompt tokens served from the cache instead of recomputed, per run: the "
         f"device (HBM) part solid, the host (DRAM) part hatched on top{storage}. Bars are "
-        "grouped by the KV capacity of the run (device pool + host pool, in tokens).",
+        "grouped by the KV capacity of the run (device pool + host pool, in tokens)."
+        + _warmup_sentence(data),
         fig,
         {"rows": rows, "tiers": ["device", "host", "storage"] if l3 else ["device", "host"]},
         numbers,
@@ -282,6 +290,7 @@ def fig_ttft_cdf(data: ReportData) -> ReportFigure:
         "TTFT distribution",
         "Fraction of finished requests whose time to first token is at most x, one line per "
         f"series, one panel per {'KV capacity' if data.x == 'capacity' else 'request rate'}."
+        + _warmup_sentence(data)
         + shown,
         fig,
         {"probabilities": quantile_grid(), "lines": lines},
@@ -377,7 +386,8 @@ def fig_ttft_percentiles(data: ReportData) -> ReportFigure:
         "fig-ttft-percentiles",
         f"TTFT percentiles vs {'capacity' if data.x == 'capacity' else 'request rate'}",
         f"Median, 90th and 99th percentile time to first token against the {what}, one line "
-        "per series (percentiles interpolated between requests, as in summary.json).",
+        "per series (percentiles interpolated between requests, as in summary.json)."
+        + _warmup_sentence(data),
         fig,
         {"x": data.x, "rows": rows},
         numbers,
@@ -422,7 +432,8 @@ def fig_ttft_breakdown(data: ReportData) -> ReportFigure:
         "Mean time to first token per request, split into L3 prefetch wait (arrival until the "
         "request's storage prefetch ended; 0 without an L3 tier), queueing (the rest of "
         "arrival to admission), load stall (waiting for host-to-device loads), prefill "
-        "compute, and other (waits between prefill chunks and for batch slots).",
+        "compute, and other (waits between prefill chunks and for batch slots)."
+        + _warmup_sentence(data),
         fig,
         {"parts": list(BREAKDOWN_PARTS), "rows": rows},
         numbers,

@@ -30,7 +30,7 @@ _DISCARD_COLOR = "#ff7f00"
 
 def storage_traffic(run: Run) -> dict[str, Any]:
     """One L3 run's traffic to and from its store (``storage`` block of summary.json) and
-    the prefetch waits of its finished requests that waited on a prefetch
+    the prefetch waits of its finished requests (warm-up left out) that waited on a prefetch
     (``prefetch_wait_s`` > 0 in requests.parquet): their count, p50 and p90 (interpolated, as
     summary.json's percentiles; None when no request waited)."""
     import numpy as np
@@ -165,6 +165,11 @@ def fig_storage(data: ReportData) -> ReportFigure | None:
     )  # fmt: skip
     without = len(data.runs) - len(l3)
     note = f" The {without} run(s) without an L3 tier are left out." if without else ""
+    if any(r.warmup_window_s is not None for r in l3):
+        note += (
+            " The prefetch waits leave the warm-up window's requests out; the store's bytes "
+            "and the prefetch counts are the whole run's (as summary.json's storage block)."
+        )
     return ReportFigure(
         "fig-storage",
         "L3 storage traffic",

@@ -23,6 +23,7 @@ from studies.report.load import ReportData, Run
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 _D2H_COLOR, _H2D_COLOR = "#d95f02", "#1b9e77"
 
@@ -41,6 +42,50 @@ def _picked_note(data: ReportData, picked: Sequence[Run]) -> str:
     return (
         f" {len(picked)} of {len(data.runs)} runs are shown: one per series, at its "
         f"median {'capacity' if data.x == 'capacity' else 'rate'}."
+    )
+
+
+#: The warm-up window's span in the figures over time, and its legend label.
+WARMUP_COLOR = "#bdbdbd"
+WARMUP_LABEL = "warm-up (not counted)"
+
+
+def _shade_warmup(axes: Sequence[Axes], r: Run) -> None:
+    """Shade ``r``'s warm-up window (if any) on each of ``axes``, behind the data."""
+    window = r.warmup_window_s
+    if window is None:
+        return
+    for ax in axes:
+        ax.axvspan(*window, color=WARMUP_COLOR, alpha=0.35, lw=0, zorder=0)
+
+
+def _legend(fig: Figure, ax: Axes, picked: Sequence[Run], ncols: int) -> None:
+    """The figure's legend: ``ax``'s entries, plus the warm-up span when a run shown has one."""
+    from matplotlib.patches import Patch
+
+    handles, labels = ax.get_legend_handles_labels()
+    if any(r.warmup_window_s is not None for r in picked):
+        handles.append(Patch(facecolor=WARMUP_COLOR, alpha=0.35, label=WARMUP_LABEL))
+        labels.append(WARMUP_LABEL)
+        ncols += 1
+    fig.legend(handles, labels, loc="outside lower center", ncols=ncols)
+
+
+def _window_data(r: Run) -> dict[str, Any]:
+    """``{"warmup_window_s": [start, end]}`` for the figure data of a run with a warm-up
+    window, ``{}`` otherwise (runs without one keep their data as before)."""
+    window = r.warmup_window_s
+    return {} if window is None else {"warmup_window_s": list(window)}
+
+
+def _warmup_caption(picked: Sequence[Run], totals: str = "") -> str:
+    """The caption's sentence on the warm-up span ("" when no run shown has a window);
+    ``totals``: what the figure's table leaves out of the window, if anything."""
+    if not any(r.warmup_window_s is not None for r in picked):
+        return ""
+    return (
+        " The grey span is the warm-up window: its requests ran, and show here over time, "
+        f"but are left out of every figure of requests{totals}."
     )
 
 
@@ -84,18 +129,18 @@ def fig_occupancy(data: ReportData) -> ReportFigure:
     """HBM (stacked: running requests, locked, evictable cache) and host pool use over time."""
     picked = timeline_runs(data)
     series: list[dict[str, Any]] = [
-        {"run": r.label, "dir": r.shown, **occupancy(r)} for r in picked
+        {"run": r.label, "dir": r.shown, **occupancy(r), **_window_data(r)} for r in picked
     ]
     fig = new_figure(12.0, 0.7 + 2.0 * len(picked))
     axes = fig.subplots(len(picked), 2, squeeze=False, sharex="row")
     for i, (r, s) in enumerate(zip(picked, series, strict=True)):
         left, right = axes[i]
         _occupancy_axes(left, right, r, s)
+        _shade_warmup((left, right), r)
         if i == len(picked) - 1:
             left.set_xlabel("simulated time [s]")
             right.set_xlabel("simulated time [s]")
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside lower center", ncols=3)
+    _legend(fig, axes[0][0], picked, 3)
     numbers = frame(
         [
             {
@@ -113,7 +158,9 @@ def fig_occupancy(data: ReportData) -> ReportFigure:
         "HBM and host occupancy over time",
         "Left: the device (HBM) KV pool, stacked: tokens of running requests, locked cache "
         "(in use by a request or a copy in flight), and evictable cached tokens; the rest is "
-        "free. Right: the host (DRAM) pool in use." + _picked_note(data, picked),
+        "free. Right: the host (DRAM) pool in use."
+        + _warmup_caption(picked)
+        + _picked_note(data, picked),
         fig,
         {"runs": series},
         numbers,
@@ -151,17 +198,19 @@ def _pcie_axes(busy_ax: Axes, rate_ax: Axes, r: Run, s: Mapping[str, Any]) -> No
 def fig_pcie(data: ReportData) -> ReportFigure:
     """PCIe busy fraction and throughput per direction over time."""
     picked = timeline_runs(data)
-    series: list[dict[str, Any]] = [{"run": r.label, "dir": r.shown, **pcie(r)} for r in picked]
+    series: list[dict[str, Any]] = [
+        {"run": r.label, "dir": r.shown, **pcie(r), **_window_data(r)} for r in picked
+    ]
     fig = new_figure(12.0, 0.7 + 2.0 * len(picked))
     axes = fig.subplots(len(picked), 2, squeeze=False, sharex="row")
     for i, (r, s) in enumerate(zip(picked, series, strict=True)):
         busy_ax, rate_ax = axes[i]
         _pcie_axes(busy_ax, rate_ax, r, s)
+        _shade_warmup((busy_ax, rate_ax), r)
         if i == len(picked) - 1:
             busy_ax.set_xlabel("simulated time [s]")
             rate_ax.set_xlabel("simulated time [s]")
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside lower center", ncols=2)
+    _legend(fig, axes[0][0], picked, 2)
     rows = []
     for r in picked:
         totals = pcie_totals(r)
@@ -177,6 +226,7 @@ def fig_pcie(data: ReportData) -> ReportFigure:
         f"Per direction of the host link, in {PCIE_BINS} equal time bins: the fraction of time "
         "a copy was in service, and the throughput (a copy's bytes spread over its service "
         "time). Device → host are write-through/back copies, host → device are load-backs."
+        + _warmup_caption(picked, " and of the table's totals (copies from its end on)")
         + _picked_note(data, picked),
         fig,
         {"bins": PCIE_BINS, "runs": series},
@@ -291,7 +341,13 @@ def fig_writes(data: ReportData) -> ReportFigure:
         "Tokens written vs loaded back",
         "Tokens copied from HBM to the host pool and from the host back to HBM. The number "
         "beside the bars is the write amplification, tokens written per token loaded back; "
-        "excess writes (written − loaded) bound from below the copies never read back." + shown,
+        "excess writes (written − loaded) bound from below the copies never read back."
+        + (
+            " Copies that started in the warm-up window are left out, as in summary.json."
+            if data.any_warmup
+            else ""
+        )
+        + shown,
         fig,
         {"rows": rows, "drawn": [r["run"] for r in drawn]},
         numbers,

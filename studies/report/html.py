@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from studies.report.canvas import ReportFigure
-from studies.report.derive import best_cells, comparison_columns, comparison_table
+from studies.report.derive import best_cells, comparison_columns, comparison_table, warmup_note
 from studies.report.figures_storage import defect_rows
 from studies.report.fmt import integer
 from studies.report.load import ReportData, config_key_order
@@ -390,11 +390,13 @@ def render_html(
         sections.append(f'<section id="{sid}"><h2>{html.escape(stitle)}</h2>{body_html}</section>')
     sweeps = _sweeps_html(data)
     versions = ", ".join(sorted({str(r.conf.get("version", "?")) for r in data.runs}))
+    warmup = warmup_note(data)
     body = [
         f"<header><h1>{html.escape(title)}</h1>",
         f"<p>{len(data.runs)} runs from {html.escape(', '.join(inputs))}. Simulated with "
         f"hicache-sim {html.escape(versions)}"
         f"; report by hicache-sim {__version__}.</p>",
+        *([f'<p class="note" id="warmup">{html.escape(warmup)}</p>'] if warmup else []),
         (
             '<section id="verdict"><h2>Verdict</h2><ul>'
             + "".join(f"<li>{html.escape(line)}</li>" for line in verdict_lines(data))

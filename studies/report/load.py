@@ -138,10 +138,48 @@ class Run:
         df: pd.DataFrame = self._tables[name]
         return df
 
-    def finished(self) -> pd.DataFrame:
-        """Requests that finished (rejected ones have ``finish_s`` -1)."""
+    @property
+    def warmup_s(self) -> float:
+        """The warm-up window's length (``workload.warmup_s``; 0 for a run without one, and
+        for runs written before windows existed)."""
+        return float(self.summary.get("warmup_s") or 0.0)
+
+    @property
+    def warmup_window_s(self) -> tuple[float, float] | None:
+        """The warm-up window, (start, end) in simulated seconds: the first arrival and
+        ``warmup_end_s`` of summary.json; None without a window."""
+        end = self.summary.get("warmup_end_s")
+        if not self.warmup_s or end is None:
+            return None
+        return (float(end) - self.warmup_s, float(end))
+
+    @property
+    def warmup_requests(self) -> int:
+        """Requests of the warm-up window (they ran but count in no figure); 0 without one."""
+        return int(self.summary.get("warmup_requests") or 0)
+
+    def measured(self) -> pd.DataFrame:
+        """The requests that count, as in summary.json: all but the warm-up window's (the
+        ``warmup`` column of requests.parquet; every request when there is no such column)."""
         req = self.table("requests")
+        if "warmup" not in req:
+            return req
+        return req[~req["warmup"].astype(bool)]
+
+    def finished(self) -> pd.DataFrame:
+        """Measured requests (:meth:`measured`) that finished (rejected ones have
+        ``finish_s`` -1)."""
+        req = self.measured()
         return req[req["finish_s"] >= 0]
+
+    def measured_transfers(self) -> pd.DataFrame:
+        """The copies that count, as in summary.json's PCIe bytes: those that started at or
+        after the warm-up window's end (every copy without a window)."""
+        tr = self.table("transfers")
+        window = self.warmup_window_s
+        if window is None or not len(tr):
+            return tr
+        return tr[tr["start_s"] >= window[1]]
 
 
 @dataclass
@@ -188,6 +226,11 @@ class ReportData:
     def any_l3(self) -> bool:
         """True when some run has an L3 storage tier."""
         return any(r.has_l3 for r in self.runs)
+
+    @property
+    def any_warmup(self) -> bool:
+        """True when some run has a warm-up window (``workload.warmup_s`` > 0)."""
+        return any(r.warmup_window_s is not None for r in self.runs)
 
 
 def _storage_defaults() -> dict[str, Any]:

@@ -3,11 +3,12 @@ defects a run would hit) as text pages."""
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
 from studies.report.canvas import RC, ReportFigure, new_figure
-from studies.report.derive import comparison_columns, comparison_table
+from studies.report.derive import comparison_columns, comparison_table, warmup_note
 from studies.report.figures_storage import defect_rows
 from studies.report.load import ReportData
 from traces.fsutil import write_atomic
@@ -33,6 +34,9 @@ def _pdf(data: ReportData, figures: Sequence[ReportFigure], title: str, path: Pa
         index=raw.index,
     ).to_string()
     lines = text.splitlines()
+    warmup = warmup_note(data)
+    if warmup:
+        lines = [*textwrap.wrap(warmup, 150), "", *lines]
     defects = defect_rows(data)
     if defects is not None:
         from studies.report.html import defects_title
