@@ -63,7 +63,13 @@ def _add_subcommands(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--lenient", action="store_true", help="skip bad lines (and count them)")
 
-    p = sub.add_parser("convert", help="convert between trace formats (and from CSV)")
+    p = sub.add_parser(
+        "convert",
+        help="convert between trace formats, from CSV and from server/benchmark logs",
+        description="Convert a trace, or import what a server or benchmark recorded "
+        "(OpenAI chat logs, Weka agentic traces, bench_serving / bench_multiturn output); "
+        "see traces/README.md for each format.",
+    )
     p.add_argument("input", type=Path, help="the file to convert (its format: --from, or detected)")
     p.add_argument("output", type=Path, help="output file: .jsonl, .jsonl.gz or .parquet")
     p.add_argument("--force", action="store_true", help="overwrite an existing output file")
@@ -72,16 +78,19 @@ def _add_subcommands(parser: argparse.ArgumentParser) -> None:
         dest="from_format",
         choices=SOURCE_FORMATS,
         default="auto",
-        help="source format (default: by suffix; a .csv is recognised by its header row)",
+        help="source format (default: by content where unambiguous, else by suffix; a .csv "
+        "is recognised by its header row)",
     )
     p.add_argument(
         "--block-size",
         type=int_at_least(1),
         default=DEFAULT_BLOCK_SIZE,
-        help="block size given to CSV sources (default %(default)s)",
+        help="block size of sources without their own: CSV, OpenAI logs, bench_serving "
+        "(default %(default)s)",
     )
     p.add_argument("--lenient", action="store_true", help="skip bad lines (and count them)")
     p.add_argument("--json", action="store_true", help="print a JSON summary")
+    _add_import_options(p)
 
     p = sub.add_parser("validate", help="check a trace file; exit 0 if it is valid")
     p.add_argument(
@@ -93,6 +102,48 @@ def _add_subcommands(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print a JSON summary")
 
     _add_gen(sub.add_parser("gen", help="generate a synthetic trace"))
+
+
+def _add_import_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("OpenAI chat logs (--from openai)")
+    g.add_argument(
+        "--tokenizer",
+        type=Path,
+        default=None,
+        help="the model's tokenizer.json (or its folder, whose tokenizer_config.json gives "
+        "the chat template); needs the 'import' extra",
+    )
+    g.add_argument(
+        "--chat-template",
+        type=Path,
+        default=None,
+        help="a jinja chat template file (or a tokenizer_config.json) instead of the tokenizer's",
+    )
+    g.add_argument(
+        "--hash-text",
+        action="store_true",
+        help="no tokenizer: block-hash the rendered text (lengths approximate tokens as "
+        "--bytes-per-token UTF-8 bytes); no text leaves the machine",
+    )
+    g.add_argument(
+        "--bytes-per-token",
+        type=int_at_least(1),
+        default=4,
+        help="UTF-8 bytes per token assumed by --hash-text (default %(default)s)",
+    )
+
+
+def _import_options(args: argparse.Namespace) -> Any:
+    from traces.importers import ImportOptions
+    from traces.importers.openai_chat import ChatOptions
+
+    chat = ChatOptions(
+        tokenizer=args.tokenizer,
+        template=args.chat_template,
+        hash_text=args.hash_text,
+        bytes_per_token=args.bytes_per_token,
+    )
+    return ImportOptions(chat=chat)
 
 
 def _add_gen(p: argparse.ArgumentParser) -> None:
@@ -212,7 +263,12 @@ def _convert(args: argparse.Namespace) -> int:
 
     check_output_file(args.output, TRACE_SUFFIXES, what="trace", option="output", force=args.force)
     trace = convert(
-        args.input, args.output, args.from_format, block_size=args.block_size, lenient=args.lenient
+        args.input,
+        args.output,
+        args.from_format,
+        block_size=args.block_size,
+        lenient=args.lenient,
+        options=_import_options(args),
     )
     _report_skips(trace)
     summary: dict[str, Any] = {
@@ -222,6 +278,7 @@ def _convert(args: argparse.Namespace) -> int:
         "skipped": trace.skipped,
         "block_size": trace.block_size,
         "prefix_info": trace.header.extra.get("prefix_info", True),
+        "sessions": len({r.session_id for r in trace.requests if r.session_id is not None}),
     }
     note = (
         trace.header.extra.get("note") if trace.header.extra.get("prefix_info") is False else None
@@ -231,7 +288,11 @@ def _convert(args: argparse.Namespace) -> int:
             summary["note"] = note
         print(json.dumps(summary))
     else:
-        print(f"wrote {args.output}: {len(trace):,} requests (block_size {trace.block_size})")
+        sessions = f", {summary['sessions']:,} sessions" if summary["sessions"] else ""
+        print(
+            f"wrote {args.output}: {len(trace):,} requests{sessions} "
+            f"(block_size {trace.block_size})"
+        )
         if note:
             print(f"note: {note}")
     return 0

@@ -17,13 +17,14 @@ import csv
 import math
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from itertools import pairwise
 from pathlib import Path
 from typing import Literal
 
 from traces.formats import cannot_open, file_kind
+from traces.importers import IMPORT_FORMATS, ImportOptions, detect, read_import
 from traces.io import TraceSkipWarning, read_trace, write_trace
 from traces.reader import record_skip
 from traces.schema import (
@@ -36,7 +37,17 @@ from traces.schema import (
 )
 
 CsvFormat = Literal["vidur", "azure"]
-SOURCE_FORMATS: tuple[str, ...] = ("auto", "jsonl", "parquet", "vidur", "splitwise", "azure")
+SOURCE_FORMATS: tuple[str, ...] = (
+    "auto",
+    "jsonl",
+    "parquet",
+    "vidur",
+    "splitwise",
+    "azure",
+    *IMPORT_FORMATS,
+)
+#: The fields that mark a line as a request of our own format (or Mooncake's).
+_TRACE_KEYS = ("timestamp", "input_length", "output_length", "hash_ids", "token_ids")
 
 VIDUR_COLUMNS = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -250,23 +261,35 @@ def read_any(
     *,
     block_size: int = DEFAULT_BLOCK_SIZE,
     lenient: bool = False,
+    options: ImportOptions | None = None,
 ) -> Trace:
     """Read a trace in any supported source format.
 
-    `from_format` is one of `SOURCE_FORMATS`: "auto" picks by suffix (.jsonl, .jsonl.gz,
-    .parquet; .csv is sniffed from its header row), "splitwise" is an alias of "vidur".
-    `block_size` applies to CSV sources only (trace files carry their own).
+    `from_format` is one of `SOURCE_FORMATS`: "auto" picks by content where that is
+    unambiguous (an importer's format, see `traces.importers.detect`; a .csv by its header
+    row), else by suffix (.jsonl, .jsonl.gz, .parquet); "splitwise" is an alias of "vidur".
+    `block_size` applies to sources without a block size of their own (CSV, OpenAI logs,
+    bench_serving / bench_multiturn); trace files and Weka traces carry their own.
+    `options` are the importers' (tokenizer, chat template, ...).
     """
     path = Path(path)
     if from_format not in SOURCE_FORMATS:
         raise TraceParamError(
             f"unknown source format {from_format!r} (choose from " + ", ".join(SOURCE_FORMATS) + ")"
         )
+    base = options or ImportOptions()
+    options = replace(base, block_size=block_size, chat=replace(base.chat, block_size=block_size))
     if from_format == "auto":
         if path.name.lower().endswith(".csv"):
             return read_csv_trace(path, None, block_size=block_size, lenient=lenient)
+        found = detect(path)
+        if found is not None:
+            return read_import(path, found, options, lenient=lenient)
         file_kind(path)  # raises a TraceError for an unknown suffix
+        _check_trace_like(path)
         return read_trace(path, lenient=lenient)
+    if from_format in IMPORT_FORMATS:
+        return read_import(path, from_format, options, lenient=lenient)
     if from_format in ("vidur", "splitwise"):
         return read_csv_trace(path, "vidur", block_size=block_size, lenient=lenient)
     if from_format == "azure":
@@ -279,6 +302,28 @@ def read_any(
     return read_trace(path, lenient=lenient)
 
 
+def _check_trace_like(path: Path) -> None:
+    """Raise a `TraceError` that lists the known formats if the first line of a JSONL file
+    is a JSON object that is neither a trace header nor a request of any known format
+    (the reader would only say "unknown field")."""
+    from traces.importers.common import first_json_line
+
+    if file_kind(path) == "parquet":
+        return
+    obj = first_json_line(path)
+    if not isinstance(obj, dict) or "format" in obj or any(k in obj for k in _TRACE_KEYS):
+        return
+    raise TraceError(
+        path,
+        1,
+        "line",
+        "not a known trace format: expected a hicache/Mooncake request (timestamp, "
+        "input_length, output_length, hash_ids), an OpenAI chat request (messages), a Weka "
+        "trace (requests, block_size), a bench_serving --output-details result (input_lens, "
+        "output_lens) or a bench_multiturn log (summary); name it with --from",
+    )
+
+
 def convert(
     src: str | Path,
     dst: str | Path,
@@ -286,9 +331,10 @@ def convert(
     *,
     block_size: int = DEFAULT_BLOCK_SIZE,
     lenient: bool = False,
+    options: ImportOptions | None = None,
 ) -> Trace:
     """Read `src` (see `read_any`) and write it to `dst` (format by suffix); returns the
     trace that was written."""
-    trace = read_any(src, from_format, block_size=block_size, lenient=lenient)
+    trace = read_any(src, from_format, block_size=block_size, lenient=lenient, options=options)
     write_trace(trace, dst)
     return trace

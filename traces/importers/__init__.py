@@ -1,0 +1,61 @@
+"""Importers: what servers and benchmarks record, read into the trace data model.
+
+Each format has its own module; `read_import(path, fmt, options)` reads a file in one of
+`IMPORT_FORMATS`, `detect(path)` names the importer a file's content calls for (or None:
+not an importer's format). See traces/README.md ("Importers") for each format's fields.
+
+| format | module | source |
+| --- | --- | --- |
+| ``openai`` | `openai_chat` | OpenAI chat-completions logs (JSONL) |
+| ``weka`` | `weka` | AgentX / Weka agentic traces (block hashes, subagents) |
+| ``bench-serving`` | `bench_serving` | SGLang ``bench_serving --output-details`` results |
+| ``bench-multiturn`` | `bench_multiturn` | SGLang ``bench_multiturn`` performance logs |
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from traces.importers.openai_chat import ChatOptions
+from traces.schema import DEFAULT_BLOCK_SIZE, Trace
+
+IMPORT_FORMATS: tuple[str, ...] = ("openai",)
+
+
+@dataclass(frozen=True, slots=True)
+class ImportOptions:
+    """Options of the importers: `chat` for OpenAI logs, `block_size` (tokens) for sources
+    without one of their own, `multiturn` the bench_multiturn run parameters."""
+
+    chat: ChatOptions = field(default_factory=ChatOptions)
+    block_size: int = DEFAULT_BLOCK_SIZE
+    multiturn: dict[str, object] = field(default_factory=dict)
+
+
+def detect(path: Path) -> str | None:
+    """The importer format of a file from its first JSON value, or None (not one: a trace
+    file, or something no importer reads). A folder or a ``.json`` file of Weka traces is
+    ``weka``."""
+    from traces.importers import openai_chat
+    from traces.importers.common import first_json_line
+
+    if path.is_dir():
+        return None
+    obj = first_json_line(path)
+    for name, mod in (("openai", openai_chat),):
+        if mod.looks_like(obj):
+            return name
+    return None
+
+
+def read_import(
+    path: Path, fmt: str, options: ImportOptions | None = None, *, lenient: bool = False
+) -> Trace:
+    """Read `path` with the importer `fmt` (one of `IMPORT_FORMATS`)."""
+    from traces.importers import openai_chat
+
+    options = options or ImportOptions()
+    if fmt == "openai":
+        return openai_chat.read_openai_chat(path, options.chat, lenient=lenient)
+    raise AssertionError(f"unknown import format {fmt!r}")
