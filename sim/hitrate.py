@@ -80,6 +80,10 @@ class HitRateConfig:
     gets nothing from L3; wait_complete / timeout: storage I/O is taken as instant (no clock
     here; ``hicache-sim run`` times it)."""
     prefetch_threshold: int = 256
+    host_memory_mode: str = "cache"
+    """``--hicache-host-memory-mode``: ``cache`` (host RAM is the L2 tier) or ``buffer_only``
+    (0.5.23 only, with ``storage``: host RAM only stages L3 copies, so every hit is a device or
+    an L3 hit)."""
     sglang_version: str = "0.5.14"
     """The SGLang release whose cache decides (:data:`SGLANG_VERSIONS`). The Python classes
     (this one, ``sim.engine.Engine``, ``replay.driver.TraceReplayer``) default to 0.5.14, the
@@ -137,6 +141,20 @@ class HitRateConfig:
             )
         if self.prefetch_threshold < 1:
             raise ValueError(f"prefetch threshold must be >= 1, got {self.prefetch_threshold}")
+        if self.host_memory_mode not in ("cache", "buffer_only"):
+            raise ValueError(
+                f"unknown host memory mode {self.host_memory_mode!r}; choose cache or buffer_only"
+            )
+        if self.host_memory_mode == "buffer_only":
+            if self.sglang_version == "0.5.14":
+                raise ValueError(
+                    "host memory mode buffer_only is SGLang's since 0.5.19: use 0.5.23"
+                )
+            if not self.storage:
+                raise ValueError(
+                    "host memory mode buffer_only requires an L3 storage tier (SGLang refuses to "
+                    "start without --hicache-storage-backend)"
+                )
 
 
 def _pools(cfg: HitRateConfig) -> tuple[PageAllocator, PageAllocator | None, ImmediateController]:
@@ -300,11 +318,15 @@ class CacheReplay0523:
         self.cfg = cfg
         self.device, self.host, self.ctrl = _pools(cfg)
         self.cache = UnifiedRadixCache(
-            self.ctrl, write_policy=cfg.write_policy, eviction_policy=cfg.eviction
+            self.ctrl,
+            write_policy=cfg.write_policy,
+            eviction_policy=cfg.eviction,
+            host_memory_mode=cfg.host_memory_mode,
         )
         self.life = KVLifecycle0523(self.cache, cfg.outputs)
         self.result = HitRateResult()
         self.storage: Any = None
+        self.buffer: Any = None
         if cfg.storage:
             from hicache.policy.v0523.l3 import StorageAttachment
             from hicache.policy.v0523.l3_controller import StorageController0523
@@ -317,12 +339,19 @@ class CacheReplay0523:
                 threshold=cfg.prefetch_threshold,
                 immediate=cfg.prefetch_policy != "best_effort",
             )
-            self.cache.storage = StorageAttachment(
-                self.cache,
-                self.storage,
-                prefetch_policy=cfg.prefetch_policy,
-                prefetch_threshold=cfg.prefetch_threshold,
-            )
+            kwargs: dict[str, Any] = {
+                "prefetch_policy": cfg.prefetch_policy,
+                "prefetch_threshold": cfg.prefetch_threshold,
+            }
+            if cfg.host_memory_mode == "buffer_only":
+                from hicache.policy.v0523.buffer_l3 import BufferStorageAttachment
+
+                self.buffer = BufferStorageAttachment(
+                    self.cache, self.storage, device_tokens=cfg.device_tokens, **kwargs
+                )
+                self.cache.storage = self.buffer
+            else:
+                self.cache.storage = StorageAttachment(self.cache, self.storage, **kwargs)
 
     def step(self, r: PagedRequest) -> tuple[int, int]:
         """Serve one request; returns (device-hit tokens, loaded host-hit tokens).
@@ -345,7 +374,7 @@ class CacheReplay0523:
             credit = life.prefetch_done(r.rid, now)
             assert credit >= 0, "a prefetch outlived its check in the cache-only replay"
             life.admitted(r.rid)
-        a = life.admit(key, r.input_length)
+        a = life.admit(key, r.input_length) if self.buffer is None else self._admit_staged(r, key)
         if a.loaded_pages:
             # launched before the prefill's allocation; its ack is drained with the step's
             # events after the batch result, as SGLang's loop drains it: the loaded chain stays
@@ -370,6 +399,33 @@ class CacheReplay0523:
         res.host_hit_tokens += loaded - from_l3
         res.storage_hit_tokens += from_l3
         return dev, loaded
+
+    def _admit_staged(self, r: PagedRequest, key: Any) -> Any:
+        """Admission in buffer_only mode: the match, then the staged L3 span (if any) loaded
+        onto the device prefix (``prepare_staged_prefetch`` + ``init_load_back``). Alone in the
+        replay, a request whose staged span cannot be placed now recomputes it (the hold is
+        dropped), where the timed scheduler would retry it up to 32 passes."""
+        from hicache.lifecycle_v0523 import Admitted23
+
+        life, buffer, ps = self.life, self.buffer, self.cfg.page_size
+        m = life.match(key, r.input_length)
+        prefix, last = m.device_pages, m.last_device
+        plan = buffer.prepare_staged(r.rid, len(prefix) * ps)
+        if plan is False:
+            buffer.retries.cancel(r.rid)  # nothing waits in the replay: recompute instead
+        elif plan is not None:
+            life.hold(m.last_device)  # the admission's _lock_node
+            try:
+                got = buffer.init_load_back_staged(r.rid, plan)
+            finally:
+                life.release(m.last_device)
+            if got is None:
+                buffer.release_staged_hold(r.rid)
+            else:
+                last = got[1]
+                prefix = self.cache.tree.path_device_pages(last, self.cache.root)
+        kv = life.lock(key, prefix, last)
+        return Admitted23(kv, len(m.device_pages), len(prefix) - len(m.device_pages))
 
     def finish(self) -> HitRateResult:
         st, ctrl, res = self.cache.stats, self.ctrl, self.result

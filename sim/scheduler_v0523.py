@@ -255,14 +255,30 @@ class Scheduler0523(Scheduler):
         dev = len(m.device_pages) * ps
         if cache.storage is not None and self._device_hit_lost(req, dev + m.host_hit_length):
             return SKIP  # re-queried: it stays queued, the loop goes on
+        host_hit = m.host_hit_length
+        plan: Any = None
+        buffer = cache.buffer
+        if buffer is not None:  # buffer_only: the staged L3 span is the request's host hit
+            plan = buffer.prepare_staged(req.rid, dev)
+            if plan is False:
+                return SKIP  # its device prefix shrank: re-fetched, it stays queued
+            host_hit = plan.full_tokens if plan is not None else 0
         total = req.fill_len - dev + budget.new_tokens(req) + ps
         life.hold(m.last_device)  # _lock_node(req.last_node)
         try:
-            size = self._select(budget, batch, req, total, dev + m.host_hit_length)
+            size = self._select(budget, batch, req, total, dev + host_hit)
             if size <= 0:
+                if size == 0 and plan is not None and not batch and not self.running:
+                    buffer.defer_staged(req.rid)  # _defer_staged_for_capacity_if_idle
                 return NO_TOKEN if size == 0 else OTHER  # nothing loaded
             prefix, last = m.device_pages, m.last_device
-            if m.host_hit_length > 0:  # needs_host_load_back
+            if plan is not None:
+                got = buffer.init_load_back_staged(req.rid, plan)
+                if got is None:
+                    return OTHER  # deferred: the staging is kept for the next pass
+                last = got[1]
+                prefix = cache.tree.path_device_pages(last, cache.root)
+            elif m.host_hit_length > 0:  # needs_host_load_back
                 best = m.best
                 uuid = cache.tree.inc_host_lock_ref(best)
                 life.hold(best)
@@ -283,7 +299,7 @@ class Scheduler0523(Scheduler):
             kv = life.lock(key, prefix, last, len(self._prompt(req)))
         finally:
             life.release(m.last_device)
-        self._admitted(req, kv, dev, len(prefix) * ps - dev, m.host_hit_length)
+        self._admitted(req, kv, dev, len(prefix) * ps - dev, host_hit)
         cached = len(prefix) * ps
         batch.append((req, size, cached))
         if size == req.fill_len - cached:

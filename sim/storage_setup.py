@@ -52,6 +52,9 @@ class StorageSetup:
     _stores: dict[int, tuple[PageStore, PageHasher, StorageLink]] = field(default_factory=dict)
 
     sglang_version: str = "0.5.14"
+    host_memory_mode: str = "cache"
+    """``cache.host_memory_mode``: ``buffer_only`` attaches 0.5.23's buffer-mode tier
+    (:mod:`hicache.policy.v0523.buffer_l3`)."""
 
     @classmethod
     def from_config(cls, cfg: SimConfig, page_bytes_per_rank: int) -> StorageSetup | None:
@@ -85,6 +88,7 @@ class StorageSetup:
             instances=cfg.cluster.instances,
             store_gbps=st.store_gbps,
             sglang_version=version,
+            host_memory_mode=cfg.cache.host_memory_mode,
         )
 
     @property
@@ -147,14 +151,23 @@ class StorageSetup:
             ctrl = StorageController0523(
                 host, store, threshold=self.prefetch_threshold, hasher=hasher
             )
-            cache.storage = StorageAttachment(
-                cache,
-                ctrl,
-                prefetch_policy=self.prefetch_policy,
-                prefetch_threshold=self.prefetch_threshold,
-                timeout_base=self.timeout_base,
-                timeout_per_ki_token=self.timeout_per_ki_token,
-            )
+            kwargs: dict[str, Any] = {
+                "prefetch_policy": self.prefetch_policy,
+                "prefetch_threshold": self.prefetch_threshold,
+                "timeout_base": self.timeout_base,
+                "timeout_per_ki_token": self.timeout_per_ki_token,
+            }
+            if self.host_memory_mode == "buffer_only":
+                from hicache.policy.v0523.buffer_l3 import BufferStorageAttachment
+
+                cache.set_host_memory_buffer_only()
+                # max_context_len 0: request lengths come from the trace, the anchor-pin cap
+                # is then half the device pool (pipeline.py:302-309; an estimate)
+                cache.storage = BufferStorageAttachment(
+                    cache, ctrl, device_tokens=device_tokens, **kwargs
+                )
+            else:
+                cache.storage = StorageAttachment(cache, ctrl, **kwargs)
         return SimStorage(
             env, ctrl, self.spec, link, self.page_bytes_per_rank, self.ranks,
             write_ranks=self.write_ranks, hash_s_per_page=self.hash_s_per_page, instance=index,

@@ -13,6 +13,7 @@ from hicache.config.sections import (
     DEFAULT_HICACHE_RATIO,
     MAX_POOL_PAGES,
     ConfigError,
+    default_hicache_ratio,
     server_for,
 )
 from hicache.policy import host_pool_tokens
@@ -37,11 +38,13 @@ class AutoSize:
     budget_bytes: int
     free_bytes: float
     ranks: int
+    requested: float = DEFAULT_HICACHE_RATIO
+    """The host mode's default ratio that was asked for (2.0; 1.2 in buffer_only)."""
 
     @property
     def shrunk(self) -> bool:
         """True when the default ratio did not fit and the pool was made smaller."""
-        return self.ratio < DEFAULT_HICACHE_RATIO
+        return self.ratio < self.requested
 
     def describe(self) -> str:
         budget = (
@@ -49,10 +52,10 @@ class AutoSize:
             f"host memory for {self.ranks} rank(s)"
         )
         if not self.shrunk:
-            return f"host pool: the default ratio {DEFAULT_HICACHE_RATIO:g} fits ({budget})"
+            return f"host pool: the default ratio {self.requested:g} fits ({budget})"
         return (
             f"host pool auto-sized by SGLang 0.5.23 (--hicache-host-memory-fraction): ratio "
-            f"{self.ratio:.3f} of the device pool instead of {DEFAULT_HICACHE_RATIO:g} "
+            f"{self.ratio:.3f} of the device pool instead of {self.requested:g} "
             f"({budget}; gpu.host_memory_gb sets the free memory)"
         )
 
@@ -72,7 +75,8 @@ def instance_host_memory(cfg: SimConfig) -> float:
 def auto_size(cfg: SimConfig, device_tokens: int, bytes_per_token: int) -> AutoSize | None:
     """0.5.23's ``auto_size_hicache`` for ``cfg``, or None where it does not apply (0.5.14, a
     ratio or size given, no host tier, a server without a DRAM figure). Per rank: budget =
-    (free - 10 GiB) / ranks x fraction; ratio = min(2, budget x 0.95 / device bytes). Raises
+    (free - 10 GiB) / ranks x fraction; ratio = min(the host mode's default ratio, budget x
+    0.95 / device bytes). Raises
     :class:`ConfigError` when no memory is left (SGLang refuses to start)."""
     c = cfg.cache
     if (
@@ -88,7 +92,9 @@ def auto_size(cfg: SimConfig, device_tokens: int, bytes_per_token: int) -> AutoS
     ranks = cfg.model.tp  # one instance on one host: its launch ranks
     budget = int((int(free) - HOST_MEMORY_RESERVE_BYTES) // ranks * c.hicache_host_memory_fraction)
     device_bytes = device_tokens * bytes_per_token
-    ratio = min(DEFAULT_HICACHE_RATIO, budget * (1 - ALLOCATION_SLACK) / device_bytes)
+    # the requested ratio is the host mode's default (2.0, or 1.2 in buffer_only)
+    requested = default_hicache_ratio(cfg)
+    ratio = min(requested, budget * (1 - ALLOCATION_SLACK) / device_bytes)
     if ratio <= 0:
         raise ConfigError(
             "gpu.host_memory_gb",
@@ -96,7 +102,7 @@ def auto_size(cfg: SimConfig, device_tokens: int, bytes_per_token: int) -> AutoS
             "10 GiB reserve (SGLang 0.5.23 refuses to start); give more, or set "
             "cache.hicache_ratio or cache.hicache_size_gb",
         )
-    return AutoSize(ratio, budget, free, ranks)
+    return AutoSize(ratio, budget, free, ranks, requested)
 
 
 class HostMemoryError(ConfigError):
@@ -214,7 +220,7 @@ def resolve_pools(cfg: SimConfig) -> tuple[int, int, int]:
         return device, 0, bpt
     by_size = cfg.cache.hicache_size_gb > 0
     sized = auto_size(cfg, device, bpt)
-    ratio = sized.ratio if sized else (cfg.cache.hicache_ratio or DEFAULT_HICACHE_RATIO)
+    ratio = sized.ratio if sized else (cfg.cache.hicache_ratio or default_hicache_ratio(cfg))
     try:
         host = host_pool_tokens(
             device,

@@ -25,6 +25,8 @@ from hicache.policy.v0523.node import UNode
 from hicache.policy.v0523.tree import Match, TreeCore
 
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
+#: ``--hicache-host-memory-mode`` (0.5.19+; arg_groups/hicache_hook.py:247-252).
+HOST_MEMORY_MODES = ("cache", "buffer_only")
 
 #: Host hits shorter than this are recomputed (``load_back_threshold``, unchanged since 0.5.14).
 LOAD_BACK_THRESHOLD = 10
@@ -64,9 +66,21 @@ class UnifiedRadixCache:
         eviction_policy_config: dict[str, Any] | None = None,
         load_back_threshold: int = LOAD_BACK_THRESHOLD,
         fast_victims: bool = True,
+        host_memory_mode: str = "cache",
     ) -> None:
         """``fast_victims`` False: SGLang's per-call eviction heap instead of the proven-equal
-        persistent one (:mod:`~hicache.policy.v0523.victims`)."""
+        persistent one (:mod:`~hicache.policy.v0523.victims`). ``host_memory_mode``
+        ``buffer_only``: host RAM only stages L3 copies (attach a
+        :class:`~hicache.policy.v0523.buffer_l3.BufferStorageAttachment` as ``storage``);
+        write_back resolves to write_through (hicache_hook.py:278-288)."""
+        if host_memory_mode not in HOST_MEMORY_MODES:
+            raise ValueError(
+                f"unknown host memory mode {host_memory_mode!r}; choose one of "
+                f"{', '.join(HOST_MEMORY_MODES)}"
+            )
+        self.host_memory_mode = host_memory_mode
+        if host_memory_mode == "buffer_only" and write_policy == "write_back":
+            write_policy = "write_through"
         if write_policy not in WRITE_POLICIES:
             raise ValueError(
                 f"unknown write policy {write_policy!r}; choose one of {', '.join(WRITE_POLICIES)}"
@@ -117,7 +131,27 @@ class UnifiedRadixCache:
         if pages:
             self.controller.free_host(pages)
 
+    def set_host_memory_buffer_only(self) -> None:
+        """``--hicache-host-memory-mode buffer_only`` on a cache built in cache mode (SGLang's
+        ``init_hicache`` sets it on the tree core, unified_radix_cache.py:524-525); write_back
+        resolves to write_through."""
+        self.host_memory_mode = "buffer_only"
+        if self.write_policy == "write_back":
+            self.write_policy = "write_through"
+            self.tree.is_write_back = False
+            self.tree.write_through_threshold = 1
+
+    @property
+    def buffer(self) -> Any:
+        """The buffer-only storage attachment, None in cache mode."""
+        storage = self.storage
+        return storage if storage is not None and storage.buffer_only else None
+
     def backup(self, chain: list[UNode]) -> None:
+        buffer = self.buffer
+        if buffer is not None:
+            buffer.pipeline.backup_chain(chain)  # nothing is host-backed (U:1681-1692)
+            return
         self.execute_backup(chain)
 
     def pending_split(self, ack_id: int, old: UNode, new: UNode) -> None:
@@ -149,7 +183,14 @@ class UnifiedRadixCache:
         """``insert(InsertParams)``: returns ``(prefix_len, last_device_node)``. ``hint``: a node
         on ``key``'s path that the walk may follow without comparing keys (``TreeCore.insert``)."""
         self.stats.insert_calls += 1
-        return self.tree.insert(key, value, prev_prefix_len, inserted_len, priority, hint)
+        buffer = self.buffer
+        if buffer is None:
+            return self.tree.insert(key, value, prev_prefix_len, inserted_len, priority, hint)
+        buffer.pipeline.begin_insert_walk()  # a node is admitted once per walk
+        try:
+            return self.tree.insert(key, value, prev_prefix_len, inserted_len, priority, hint)
+        finally:
+            buffer.pipeline.end_insert_walk()
 
     def touch_prefix(self, key: tuple[Hashable, ...]) -> None:
         """``touch_prefix`` (the waiting-queue refresh): the match walk of the whole key --
@@ -267,6 +308,8 @@ class UnifiedRadixCache:
     def evict_host(self, num_tokens: int) -> int:
         """``evict_host``: free host pages (duplicates first under write_back)."""
         self.stats.evict_host_calls += 1
+        if self.host_memory_mode == "buffer_only":
+            return 0  # staging is operation-owned: nothing to evict (U:1433-1441)
         freed = self.tree.drive_host_eviction(num_tokens)
         self.stats.host_evicted_tokens += freed
         return freed
@@ -328,7 +371,11 @@ class UnifiedRadixCache:
                     self._finish_write_through_ack(ack_id)
             assert not self.ongoing_write_through
             return
+        buffer = self.buffer
         for ack_id in self.controller.pop_completed_writes():
+            if buffer is not None and buffer.pipeline.owns_write_ack(ack_id):
+                buffer.pipeline.finish_backup_ack(ack_id)
+                continue
             self._finish_write_through_ack(ack_id)
 
     # -- load back -------------------------------------------------------------------------
@@ -383,8 +430,11 @@ class UnifiedRadixCache:
         return self.controller.start_loading()
 
     def loading_check(self) -> None:
+        buffer = self.buffer
         for ids in self.controller.pop_completed_loads():
             for ack_id in ids:
+                if buffer is not None and buffer.finish_load_back(ack_id):
+                    continue
                 lb = self.ongoing_load_back.pop(ack_id)
                 self.tree.dec_lock_ref(lb.anchor)
                 self.tree.dec_host_lock_ref(lb.anchor, lb.host_uuid)
@@ -400,3 +450,5 @@ class UnifiedRadixCache:
         self.loading_check()
         if storage is not None:
             storage.drain(sizes)
+            if storage.buffer_only:
+                storage.pipeline.flush_pending_writes()  # U:3699-3700

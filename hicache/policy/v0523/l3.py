@@ -179,6 +179,10 @@ class StorageStats0523:
 class StorageAttachment:
     """The L3 half of one 0.5.23 cache (see the module docstring)."""
 
+    buffer_only = False
+    """True for ``buffer_l3.BufferStorageAttachment`` (``--hicache-host-memory-mode
+    buffer_only``)."""
+
     def __init__(
         self,
         cache: UnifiedRadixCache,
@@ -535,6 +539,10 @@ def prefetch_kvcache(
     (``init_next_round_input``, made by the caller with its side effects): anchored at the best
     match, if that is backed up or the root, fetch the pages after the matched ones up to
     ``match_end`` tokens. Returns the matched length (``storage_prefetch_last_match_len``)."""
+    if attachment.buffer_only:
+        return attachment.prefetch_kvcache(  # type: ignore[attr-defined, no-any-return]
+            rid, key, match, match_end, now, storage_hit_end
+        )
     ps = attachment.page_size
     matched: int = len(match.device_pages) * ps + match.host_hit_length
     anchor = match.best

@@ -61,6 +61,8 @@ class PrefetchOp0523(PrefetchOp):
     io_done: bool = False
     hit_done: bool = False
     """Its query result has been drained (SGLang: the op left ``prefetch_hit_queue``)."""
+    queried: bool = False
+    """A ``batch_exists`` call ran for it (its result is a verdict on the span's keys)."""
 
 
 class PrefetchAck(NamedTuple):
@@ -205,6 +207,7 @@ class StorageController0523(StorageController):
         op.probe = None
         self.prefetch_queue.popleft()
         self.counts.hit_queries += 1
+        op.queried = True
         self._finish_query(op, keys)
 
     def _finish_query(self, op: PrefetchOp0523, keys: list[int]) -> None:  # type: ignore[override]
