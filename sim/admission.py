@@ -38,10 +38,15 @@ class PrefillBudget:
         "reserved",
     )
 
-    def __init__(self, cache: AnyCache, p: SchedulerParams, reserve: Callable[[], float]) -> None:
+    def __init__(
+        self, cache: AnyCache, p: SchedulerParams, reserve: Callable[[], float], mixed: int = 0
+    ) -> None:
         """``reserve()``: the running requests' remaining outputs x ``new_token_ratio`` (a sum
         over the batch), asked once, when ``rem_total`` is first read: a batch that stops
-        before reading it (a chunk that fills the budget) does not pay for it."""
+        before reading it (a chunk that fills the budget) does not pay for it. ``mixed``:
+        ``num_mixed_decode_tokens``, the running requests a mixed-chunk batch will carry
+        (one token each, taken from every budget: 0.5.14 schedule_policy.py:449-459, 0.5.23
+        :638-657)."""
         self.dev: PageAllocator = cache.controller.device
         # the cache narrowed to its class: rem_total() is read on every admission attempt,
         # and a call through the version union is a dynamic one
@@ -49,10 +54,10 @@ class PrefillBudget:
         self._uni = cache if isinstance(cache, UnifiedRadixCache) else None
         self._reserve = reserve
         self.reserved: float | None = None
-        self.offset = 0.0  # what this batch's admissions reserved so far
-        self.rem_input = p.max_prefill_tokens
+        self.offset = float(mixed)  # what this batch's admissions reserved so far
+        self.rem_input = p.max_prefill_tokens - mixed
         self.chunking = p.chunked_prefill_size > 0
-        self.rem_chunk = p.chunked_prefill_size if self.chunking else 1 << 62
+        self.rem_chunk = p.chunked_prefill_size - mixed if self.chunking else 1 << 62
         self.clip = p.clip_max_new_tokens
         self.page_size = p.page_size
 

@@ -7,7 +7,7 @@ write_back waits and idle waits for arrivals or copy completions.
 
 Simplifications (documented, deliberate):
 * no overlap scheduler (results are processed right after each forward);
-* no mixed prefill+decode batches (SGLang's default);
+* mixed prefill+decode batches only with ``enable_mixed_chunk`` (off, as in SGLang);
 * decode advances in *segments*: between two page boundaries, finishes or arrivals nothing can
   change a decision, so k steps cost one event (step time is linear in the batch's KV tokens);
 * a retracted request re-enters the waiting queue and later re-prefills its prompt plus the
@@ -264,7 +264,7 @@ class Scheduler(Prefetching):
         self._calc_priority()
         # the reservations are summed when first read: nothing between here and there
         # changes the running batch or new_token_ratio
-        budget = PrefillBudget(self.cache, p, self._reserved)
+        budget = PrefillBudget(self.cache, p, self._reserved, self._mixed_rows())
         batch: list[tuple[SimReq, int, int]] = []
         if self.chunked is not None:
             self._add_chunked(budget, batch)
@@ -484,8 +484,11 @@ class Scheduler(Prefetching):
                         "should have prevented this (please report with the config)"
                     )
                 req.kv.kv += pages
+        decoding = self._mix_with_running()
         start = max(env.now, self.ctrl.take_stall())
-        compute = self.cost.prefill_time([(ext, cached) for _, ext, cached in batch])
+        rows = [(ext, cached) for _, ext, cached in batch]
+        # a mixed batch's decode rows: one new token each over the KV it holds
+        compute = self.cost.prefill_time(rows + [(1, r.kv_tokens) for r in decoding])
         end = start + compute
         if load_job is not None:
             if load_job.end < 0:
@@ -496,8 +499,9 @@ class Scheduler(Prefetching):
             end = max(end, float(piped))
         if end > env.now:
             yield env.timeout(end - env.now)
-        self._span("prefill", start, end, len(batch))
+        self._span("prefill", start, end, len(batch) + len(decoding))
         stall = end - (start + compute)
+        joined: list[SimReq] = []
         for req, ext, _ in batch:
             req.prefill_s += compute
             req.load_stall_s += stall
@@ -523,8 +527,81 @@ class Scheduler(Prefetching):
                 continue
             req.kv.key = self._fill_key(req)
             self._checkpoint(req.kv)
-            self.running.append(req)
+            joined.append(req)
             self.kv_total += req.kv_tokens
+        if decoding:
+            self._end_mixed(joined)
+        else:
+            self.running += joined
+
+    # ------------------------------------------------------------------ mixed chunk --
+    def _mixed_rows(self) -> int:
+        """``num_mixed_decode_tokens``: with ``--enable-mixed-chunk`` (and chunked prefill on:
+        ``is_mixed_chunk``), the running batch's size, which 0.5.14 still counts its finished
+        and unfiltered requests in (scheduler.py:2743, 2786; 0.5.23 4103, 4165)."""
+        p = self.p
+        if not p.enable_mixed_chunk or p.chunked_prefill_size <= 0:
+            return 0
+        return len(self.running) + self._unfiltered
+
+    def _mix_with_running(self) -> list[SimReq]:
+        """The mixed-chunk step after the batch's extend pages are taken (0.5.14
+        scheduler.py:2946-2962, 0.5.23 4376-4411): the finished requests leave the running
+        batch (``filter_batch``; the flag kept), then each running request's next token gets
+        its page (``prepare_for_decode``) and the requests ride in this forward as one-token
+        rows. 0.5.23 first checks the decode memory (``check_decode_mem``, evicting the
+        shortfall) and, short of room, leaves them out of this step; 0.5.14 allocates
+        without a check. Returns the requests mixed in (none: a plain prefill)."""
+        if not self._mixed_rows():
+            return []
+        self._unfiltered = 0
+        run, ps = self.running, self.p.page_size
+        if not run:
+            return []
+        at_boundary = [r for r in run if r.kv_tokens % ps == 0]
+        if not isinstance(self.cache, HiRadixCache):  # 0.5.23's check_decode_mem
+            need = ps * len(at_boundary)
+            self._evict_for_decode(need)
+            if self.dev.available_size() < need:
+                return []  # they sit this step out and decode at the next decode step
+        if not self._alloc_decode(at_boundary):
+            raise RuntimeError(
+                "device pool exhausted by a mixed-chunk decode allocation (SGLang 0.5.14 "
+                "allocates it without a check and fails the same way)"
+            )
+        return list(run)
+
+    def _alloc_decode(self, at_boundary: list[SimReq]) -> bool:
+        """``alloc_for_decode`` for the running batch (0.5.14 mem_cache/common.py:574-604,
+        0.5.23 mem_cache/allocation.py:572-585): evict for one page per running request (the
+        over-estimate ``len(seq_lens) * page_size``; 0.5.14 the whole of it when fewer are
+        free, 0.5.23 the shortfall), then a page for each request at a page boundary. False
+        when the pages are not there (SGLang raises)."""
+        self._evict_for_decode(len(self.running) * self.p.page_size)
+        if self.dev.available_size() < self.p.page_size * len(at_boundary):
+            return False
+        for r in at_boundary:
+            self._new_page(r)
+        return True
+
+    def _end_mixed(self, joined: list[SimReq]) -> None:
+        """``process_batch_result_prefill`` for the decode rows of a mixed batch (their token
+        appended, the finished released after the new requests, in batch order), then the
+        merge: the mixed batch becomes the running batch, its new requests first and its
+        flag clear (``get_next_batch_to_run``: 0.5.14 scheduler.py:2607-2625, 0.5.23
+        3947-3960: the filtered mixed batch replaces the emptied running batch)."""
+        survivors = []
+        for r in self.running:
+            r.decoded += 1
+            r.kv_tokens += 1
+            self.kv_total += 1
+            if r.decoded >= r.output_length:
+                self.kv_total -= r.kv_tokens
+                self._finish(r)
+            else:
+                survivors.append(r)
+        self.running = joined + survivors
+        self.batch_is_full = False
 
     # --------------------------------------------------------------------------- decode --
     def _run_decode(self, chain: bool = True) -> Generator[simpy.Event, Any, None]:

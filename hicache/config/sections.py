@@ -334,6 +334,11 @@ class SchedulerConfig:
     chunked_prefill_size: int = 8192
     # SGLang's --max-prefill-tokens default
     max_prefill_tokens: int = 16384
+    # SGLang's --enable-mixed-chunk (default off): with chunked prefill on, a prefill batch
+    # also carries one decode step of every running request (mix_with_running), so decoding
+    # does not pause while a long prompt prefills; the prefill budgets give up one token per
+    # running request
+    enable_mixed_chunk: bool = False
     # 0 = no limit beyond the KV pool (SGLang derives a cap from the pool size)
     max_running_requests: int = 0
     # env SGLANG_INIT_NEW_TOKEN_RATIO default

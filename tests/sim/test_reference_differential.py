@@ -38,6 +38,7 @@ def _covered(cases: list[Case]) -> set[str]:
             "chunk 512": "chunked_prefill_size=512" in sets,
             "lpm": "policy=lpm" in sets,
             "write_back": "write_policy=write_back" in sets,
+            "mixed chunk": "enable_mixed_chunk=true" in sets and "prefill_size=-1" not in sets,
         }.items():
             if hit:
                 seen.add(what)
@@ -47,7 +48,7 @@ def _covered(cases: list[Case]) -> set[str]:
 def test_the_slice_covers_every_kind_of_case() -> None:
     assert _covered([random_case(s) for s in SLICE]) == {
         "closed loop", "open loop", "0.5.14", "0.5.23", "L3", "cluster", "chunk 512", "lpm",
-        "write_back",
+        "write_back", "mixed chunk",
     }  # fmt: skip
 
 
