@@ -256,6 +256,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag(("--hicache-host-memory-fraction",), "cache.hicache_host_memory_fraction", _float,
          "0.5.21+: the share of free host RAM the default host pool may take"),
     Flag(("--hicache-write-policy",), "cache.write_policy", _text),
+    Flag(("--hicache-host-memory-mode",), "cache.host_memory_mode", _text,
+         "0.5.19+: cache (host RAM is the L2 tier) or buffer_only (it only stages L3 copies)"),
     Flag(("--hicache-io-backend",), "link.io_backend", _text),
     Flag(("--hicache-mem-layout",), "link.mem_layout", _text),
     Flag(("--radix-eviction-policy",), "cache.eviction", _text),
@@ -275,7 +277,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag(("--hicache-storage-prefetch-policy",), "storage.prefetch_policy", _text),
 )  # fmt: skip
 
-#: SGLang 0.5.19+'s host mode: ``cache`` (the default, modelled) or ``buffer_only`` (not).
+#: SGLang 0.5.19+'s host mode: ``cache`` (the default) or ``buffer_only`` (host RAM only stages
+#: L3 copies), ``cache.host_memory_mode``.
 HOST_MODE_FLAG = "--hicache-host-memory-mode"
 
 #: A flag whose JSON value sets several keys (see :func:`extra_config_overrides`).
@@ -547,14 +550,6 @@ def parse_sglang_args(
                 values[key] = (text, shown)
             out.notes += notes
             continue
-        if name == HOST_MODE_FLAG:
-            if value != "cache":
-                raise ValueError(
-                    f"{shown}: only the default host mode, cache, is modelled (buffer_only, "
-                    "SGLang 0.5.19+, stages host RAM for L3 and is not)"
-                )
-            out.ignored.append((shown, "the default host mode"))
-            continue
         if flag is None:
             out.ignored.append((shown, IGNORED.get(name, _NOT_MODELLED)))
             continue
@@ -681,6 +676,8 @@ def sglang_flags(cfg: Any) -> tuple[list[str], list[str], list[str]]:
             flags += ["--hicache-host-memory-fraction", _num(c.hicache_host_memory_fraction)]
         if c.hicache_size_gb > 0:
             flags += ["--hicache-size", _num(c.hicache_size_gb)]
+        if c.host_memory_mode != "cache":
+            flags += [HOST_MODE_FLAG, c.host_memory_mode]
         from hicache.config import auto_size, resolve_pools
 
         device, _, bpt = resolve_pools(cfg)
