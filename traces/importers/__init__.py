@@ -20,7 +20,7 @@ from pathlib import Path
 from traces.importers.openai_chat import ChatOptions
 from traces.schema import DEFAULT_BLOCK_SIZE, Trace
 
-IMPORT_FORMATS: tuple[str, ...] = ("openai",)
+IMPORT_FORMATS: tuple[str, ...] = ("openai", "weka")
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,13 +37,13 @@ def detect(path: Path) -> str | None:
     """The importer format of a file from its first JSON value, or None (not one: a trace
     file, or something no importer reads). A folder or a ``.json`` file of Weka traces is
     ``weka``."""
-    from traces.importers import openai_chat
+    from traces.importers import openai_chat, weka
     from traces.importers.common import first_json_line
 
-    if path.is_dir():
-        return None
+    if path.is_dir() or path.name.lower().endswith(".json"):
+        return "weka" if weka.looks_like_source(path) else None
     obj = first_json_line(path)
-    for name, mod in (("openai", openai_chat),):
+    for name, mod in (("openai", openai_chat), ("weka", weka)):
         if mod.looks_like(obj):
             return name
     return None
@@ -53,9 +53,11 @@ def read_import(
     path: Path, fmt: str, options: ImportOptions | None = None, *, lenient: bool = False
 ) -> Trace:
     """Read `path` with the importer `fmt` (one of `IMPORT_FORMATS`)."""
-    from traces.importers import openai_chat
+    from traces.importers import openai_chat, weka
 
     options = options or ImportOptions()
     if fmt == "openai":
         return openai_chat.read_openai_chat(path, options.chat, lenient=lenient)
+    if fmt == "weka":
+        return weka.read_weka(path, lenient=lenient)
     raise AssertionError(f"unknown import format {fmt!r}")
