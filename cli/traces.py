@@ -131,6 +131,13 @@ def _add_import_options(p: argparse.ArgumentParser) -> None:
         default=4,
         help="UTF-8 bytes per token assumed by --hash-text (default %(default)s)",
     )
+    p.add_argument_group("bench_multiturn logs (--from bench-multiturn)").add_argument(
+        "--bench-args",
+        default="",
+        metavar="FLAGS",
+        help='the bench_multiturn flags of the runs, e.g. "--num-clients 64 --num-rounds 8 '
+        "--request-length 1024\" (the log does not record them; defaults: bench_multiturn's)",
+    )
 
 
 def _import_options(args: argparse.Namespace) -> Any:
@@ -143,7 +150,7 @@ def _import_options(args: argparse.Namespace) -> Any:
         hash_text=args.hash_text,
         bytes_per_token=args.bytes_per_token,
     )
-    return ImportOptions(chat=chat)
+    return ImportOptions(chat=chat, bench_args=args.bench_args)
 
 
 def _add_gen(p: argparse.ArgumentParser) -> None:

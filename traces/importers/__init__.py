@@ -20,30 +20,35 @@ from pathlib import Path
 from traces.importers.openai_chat import ChatOptions
 from traces.schema import DEFAULT_BLOCK_SIZE, Trace
 
-IMPORT_FORMATS: tuple[str, ...] = ("openai", "weka")
+IMPORT_FORMATS: tuple[str, ...] = ("openai", "weka", "bench-serving", "bench-multiturn")
 
 
 @dataclass(frozen=True, slots=True)
 class ImportOptions:
     """Options of the importers: `chat` for OpenAI logs, `block_size` (tokens) for sources
-    without one of their own, `multiturn` the bench_multiturn run parameters."""
+    without one of their own, `bench_args` the bench_multiturn command line of the runs."""
 
     chat: ChatOptions = field(default_factory=ChatOptions)
     block_size: int = DEFAULT_BLOCK_SIZE
-    multiturn: dict[str, object] = field(default_factory=dict)
+    bench_args: str = ""
 
 
 def detect(path: Path) -> str | None:
     """The importer format of a file from its first JSON value, or None (not one: a trace
     file, or something no importer reads). A folder or a ``.json`` file of Weka traces is
     ``weka``."""
-    from traces.importers import openai_chat, weka
+    from traces.importers import bench_multiturn, bench_serving, openai_chat, weka
     from traces.importers.common import first_json_line
 
     if path.is_dir() or path.name.lower().endswith(".json"):
         return "weka" if weka.looks_like_source(path) else None
     obj = first_json_line(path)
-    for name, mod in (("openai", openai_chat), ("weka", weka)):
+    for name, mod in (
+        ("openai", openai_chat),
+        ("weka", weka),
+        ("bench-serving", bench_serving),
+        ("bench-multiturn", bench_multiturn),
+    ):
         if mod.looks_like(obj):
             return name
     return None
@@ -53,11 +58,19 @@ def read_import(
     path: Path, fmt: str, options: ImportOptions | None = None, *, lenient: bool = False
 ) -> Trace:
     """Read `path` with the importer `fmt` (one of `IMPORT_FORMATS`)."""
-    from traces.importers import openai_chat, weka
+    from traces.importers import bench_multiturn, bench_serving, openai_chat, weka
 
     options = options or ImportOptions()
     if fmt == "openai":
         return openai_chat.read_openai_chat(path, options.chat, lenient=lenient)
     if fmt == "weka":
         return weka.read_weka(path, lenient=lenient)
+    if fmt == "bench-serving":
+        return bench_serving.read_bench_serving(
+            path, block_size=options.block_size, lenient=lenient
+        )
+    if fmt == "bench-multiturn":
+        return bench_multiturn.read_bench_multiturn(
+            path, options.bench_args, block_size=options.block_size
+        )
     raise AssertionError(f"unknown import format {fmt!r}")
