@@ -46,8 +46,9 @@ def _decode_step(s: Scheduler) -> Generator[simpy.Event, Any, None]:
     s._filter_finished()  # filter_batch: the requests that finished leave (0.5.14)
     cache.writing_check()  # flush_write_through_acks
     at_boundary, retracted = s._check_decode_mem()  # check_decode_mem, retract_decode
-    for r in at_boundary:  # the page each request's next token needs
-        s._new_page(r)
+    # prepare_for_decode: alloc_for_decode's eviction, the page each request's next token needs
+    taken = s._alloc_decode(at_boundary)
+    assert taken, "check_decode_mem left the pages of the requests at a boundary"
     bs = len(run)
     a, b = s.cost.decode_coeffs(bs)
     start = max(env.now, s.ctrl.take_stall())  # a write_back wait blocks the loop

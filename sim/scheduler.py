@@ -630,13 +630,15 @@ class Scheduler(Prefetching):
         cache.writing_check()  # flush_write_through_acks
         run = self.running
         at_boundary, retracted = self._check_decode_mem()
-        for r in at_boundary:
-            self._new_page(r)
+        taken = self._alloc_decode(at_boundary)
+        assert taken, "check_decode_mem left the pages of the requests at a boundary"
         owed = 1 if retracted else 0  # a step that retracted does not decay the ratio
         bs = len(run)
         a, b = self.cost.decode_coeffs(bs)
         kv0 = self.kv_total
-        queued = self._queued()
+        # fewer pages free than the batch's over-estimate: the next step's allocation evicts
+        # again, so that step is a call of its own
+        queued = self._queued() or self.dev.available_size() < bs * ps
         finish = 1 if queued else min(r.output_length - r.decoded for r in run)
         # nothing else reads the pool or the tree until the chain ends: several segments run
         # under one timeout (_plan_span)
@@ -806,14 +808,18 @@ class Scheduler(Prefetching):
         HiCache events, the write-through acks), then the memory check of the requests at a
         page boundary after ``done`` steps. True when their pages were taken (in batch order,
         as the check does); False when the free pages fall short (the check would evict or
-        retract: the caller stops, and the next call runs the check in full)."""
+        retract) or would leave fewer than one page per running request (the allocation's
+        over-estimate, :meth:`_alloc_decode`, would evict at a later step): the caller stops,
+        and the next call runs the check and the allocation in full."""
         cache, ps = self.cache, self.p.page_size
         cache.check_hicache_events()
         cache.writing_check()
         at = []
         while bounds and bounds[0][0] == done:
             at.append(heapq.heappop(bounds)[1])  # (step, index) order: batch order
-        if self.dev.available_size() < ps * len(at):
+        # the step after this one allocates for one page per request (alloc_for_decode)
+        # and would evict if fewer were left free
+        if self.dev.available_size() < ps * (len(at) + len(self.running)):
             return False
         for i in at:
             heapq.heappush(bounds, (done + ps, i))
@@ -869,8 +875,8 @@ class Scheduler(Prefetching):
             if cut or d >= finish or t_next >= near:
                 break
             at = _pass_boundary(heap, d, ps)  # the memory check at this boundary
-            if taken + at > free:
-                break  # short: the loop's own check stops the chain here
+            if taken + at + bs > free:
+                break  # short (or the next allocation would evict): the loop's own check
             taken += at
             start = t = t_next
         self._take_boundary_pages(bounds, d)

@@ -225,8 +225,10 @@ def test_decode_check_needs_a_page_only_at_page_boundaries() -> None:
     # page 4, 16 pages. X (4 tokens, 1 output) finished: 1 evictable page. A (8 tokens: 2 full
     # pages) and B (6 tokens: 1.5 pages) hold 4 pages; ballast 10 pages -> 1 page (4 tokens)
     # free. Only A is at a page boundary, so the check needs 4 tokens: exactly what is free,
-    # so nothing is evicted (X stays cached) or retracted, and A gets the page. The segment
-    # runs to B's page boundary: k = min(4 - 0, 4 - 2) = 2 steps of 10 ms.
+    # so the check evicts nothing and retracts nothing. The allocation then over-estimates
+    # one page per request (alloc_for_decode: 2 x 4 = 8 tokens > 4 free) and 0.5.14 evicts
+    # the whole 8: X goes. A gets a page; 1 page is left, fewer than the 2 the next step's
+    # allocation asks, so the call is one step of 10 ms.
     e = eng(64, ps=4)
     x, a, b = req(9, 0, 4, 1), req(0, 0, 8, 10), req(1, 0, 6, 10)
     prefill_all(e, x)
@@ -235,20 +237,29 @@ def test_decode_check_needs_a_page_only_at_page_boundaries() -> None:
     ballast(e, 10)
     decode_once(e)
     assert e.sched.running == [a, b] and not e.sched.waiting
-    assert (a.kv_tokens, b.kv_tokens, a.decoded, b.decoded) == (10, 8, 3, 3)
+    assert (a.kv_tokens, b.kv_tokens, a.decoded, b.decoded) == (9, 7, 2, 2)
     assert a.kv is not None and b.kv is not None
     assert (len(a.kv.kv), len(b.kv.kv)) == (3, 2)
-    assert e.device.available_size() == 0
-    assert e.cache.evictable_size() == 4  # X, not evicted
+    assert e.device.available_size() == 4
+    assert e.cache.evictable_size() == 0  # X, evicted by the over-estimate
     assert e.sched.spans[-1][0] == "decode"
-    assert e.sched.spans[-1][2] - e.sched.spans[-1][1] == pytest.approx(0.02)
+    assert e.sched.spans[-1][2] - e.sched.spans[-1][1] == pytest.approx(0.01)
+    # the next call: B reaches its boundary after 1 more step (7 -> 8 tokens) and takes the
+    # last page; a step at a time while fewer pages are free than requests run
+    decode_once(e)
+    decode_once(e)
+    assert (a.kv_tokens, b.kv_tokens) == (11, 9) and len(b.kv.kv) == 3
+    assert e.device.available_size() == 0
 
 
 def test_decode_check_evicts_before_retracting() -> None:
     # page 4, 16 pages. X (8 tokens, 1 output) finished: 2 evictable pages in the tree.
     # Y (12 tokens) and Z (20 tokens) take 3 + 5 pages; ballast the 6 free pages.
     # Both are at a page boundary: need 8 tokens, 0 free -> evict(8) removes X's 2 pages;
-    # 8 free >= 8: no retraction; one page each; 4 steps to the next boundary.
+    # 8 free >= 8: no retraction; the allocation's over-estimate (2 pages) is covered, one
+    # page each; 0 pages are left, fewer than the next step's over-estimate asks, so each
+    # call is one step (SGLang's allocation tries to evict at each; nothing is left to evict)
+    # and the next boundary is 4 calls away.
     e = eng(64, ps=4)
     x, y, z = req(0, 0, 8, 1), req(1, 0, 12, 10), req(2, 0, 20, 10)
     prefill_all(e, x)
@@ -256,6 +267,9 @@ def test_decode_check_evicts_before_retracting() -> None:
     assert (e.device.available_size(), e.cache.evictable_size()) == (24, 8)
     ballast(e, 6)
     decode_once(e)
+    assert (y.kv_tokens, z.kv_tokens) == (13, 21)
+    for _ in range(3):
+        decode_once(e)
     assert e.sched.running == [y, z] and y.retractions == z.retractions == 0
     assert (y.kv_tokens, z.kv_tokens) == (16, 24)
     assert e.cache.match_prefix(x.prompt).device_hit_length == 0  # X was evicted
