@@ -186,6 +186,12 @@ def _add_hitrate(sub: Any) -> None:
         "--prefetch-threshold", type=int_at_least(1), default=256,
         help="tokens a prefetch must ask for and find (SGLang's default 256)",
     )  # fmt: skip
+    l3.add_argument(
+        "--host-memory-mode", choices=("cache", "buffer_only"), default="cache",
+        help="SGLang 0.5.19+'s --hicache-host-memory-mode: cache (host RAM is the L2 tier, the "
+        "default) or buffer_only (host RAM only stages copies to and from the L3 store: no "
+        "host hits; needs --storage-tokens and --sglang-version 0.5.23)",
+    )  # fmt: skip
     p.add_argument("--jobs", type=jobs_arg, default=0, help="worker processes (0 = all cores)")
     p.add_argument("--csv", type=Path, help="write the table as CSV (FILE.csv)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -220,8 +226,11 @@ def _host_pools(args: argparse.Namespace, device_tokens: int) -> list[int]:
     if args.host_tokens is not None:
         return list(args.host_tokens)
     from hicache.config import MAX_POOL_PAGES
+    from hicache.config.sections import BUFFER_ONLY_HICACHE_RATIO, DEFAULT_HICACHE_RATIO
 
-    ratio = 2.0 if args.hicache_ratio is None else args.hicache_ratio
+    buffer = args.host_memory_mode == "buffer_only"
+    default = BUFFER_ONLY_HICACHE_RATIO if buffer else DEFAULT_HICACHE_RATIO
+    ratio = default if args.hicache_ratio is None else args.hicache_ratio
     try:
         host = host_pool_tokens(device_tokens, args.page_size, hicache_ratio=ratio)
     except ValueError as e:
@@ -289,6 +298,7 @@ def _hitrate_configs(args: argparse.Namespace, notes: list[str]) -> list[Any]:
             prefetch_policy=args.prefetch_policy,
             prefetch_threshold=args.prefetch_threshold,
             sglang_version=ver,
+            host_memory_mode=args.host_memory_mode,
         )
         for ver in args.sglang_version
         for ev in args.eviction
@@ -297,13 +307,20 @@ def _hitrate_configs(args: argparse.Namespace, notes: list[str]) -> list[Any]:
         for host in _host_pools(args, dev)
         for l3 in (args.storage_tokens or [None])
     ]
+    if args.host_memory_mode == "buffer_only" and "write_back" in args.write_policy:
+        notes.append(
+            "--host-memory-mode buffer_only: write_back resolves to write_through (host RAM only "
+            "stages copies: there is no host tier to write back to), as SGLang resolves it"
+        )
     for cfg in configs:
         try:
             cfg.validate()
         except ValueError as e:
             msg = str(e)
             option = (
-                "--sglang-version"
+                "--host-memory-mode"
+                if "host memory mode" in msg
+                else "--sglang-version"
                 if "SGLang" in msg
                 else "--storage-tokens"
                 if "storage" in msg
