@@ -101,7 +101,51 @@ def _add_subcommands(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--lenient", action="store_true", help="skip bad lines (and count them)")
     p.add_argument("--json", action="store_true", help="print a JSON summary")
 
+    _add_compose(sub)
     _add_gen(sub.add_parser("gen", help="generate a synthetic trace"))
+
+
+def _add_compose(sub: Any) -> None:
+    p = sub.add_parser(
+        "merge",
+        help="merge traces into one, hash ids namespaced",
+        description="Merge traces into one in arrival order. Each input's hash ids are shifted "
+        "past the previous inputs' (every generator and importer starts at 0), sessions get "
+        "the prefix '<i>/'.",
+    )
+    p.add_argument("inputs", type=Path, nargs="+", help="trace files (any --from auto format)")
+    p.add_argument("--out", type=Path, required=True, help="output: .jsonl, .jsonl.gz, .parquet")
+    p.add_argument(
+        "--rate-scale",
+        default=None,
+        metavar="S[,S...]",
+        help="divide each input's times (and think times) by S: one value for all or one per "
+        "input (default 1)",
+    )
+    p.add_argument(
+        "--shared-ids",
+        action="store_true",
+        help="keep the ids as they are (the inputs come from one id space)",
+    )
+    p.add_argument("--force", action="store_true", help="overwrite an existing --out")
+    p.add_argument("--json", action="store_true", help="print a JSON summary")
+
+    p = sub.add_parser(
+        "slice",
+        help="keep a time window or a number of requests of a trace",
+        description="Keep the requests arriving in [--start, --end) seconds after the first, "
+        "then --count of them after the first --skip.",
+    )
+    p.add_argument("input", type=Path, help="trace file (any --from auto format)")
+    p.add_argument("output", type=Path, help="output: .jsonl, .jsonl.gz or .parquet")
+    p.add_argument("--start", type=float_above(-math.inf), default=0.0, help="seconds (default 0)")
+    p.add_argument(
+        "--end", type=float_above(-math.inf), default=None, help="seconds (default: end)"
+    )
+    p.add_argument("--skip", type=int_at_least(0), default=0, help="requests to drop first")
+    p.add_argument("--count", type=int_at_least(1), default=None, help="requests to keep")
+    p.add_argument("--force", action="store_true", help="overwrite an existing output")
+    p.add_argument("--json", action="store_true", help="print a JSON summary")
 
 
 def _add_import_options(p: argparse.ArgumentParser) -> None:
@@ -250,6 +294,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _validate(args)
     if command == "gen":
         return _gen(args)
+    if command in ("merge", "slice"):
+        return _compose(args)
     raise AssertionError(f"unknown trace command {command!r}")
 
 
@@ -302,6 +348,40 @@ def _convert(args: argparse.Namespace) -> int:
         )
         if note:
             print(f"note: {note}")
+    return 0
+
+
+def _compose(args: argparse.Namespace) -> int:
+    from traces.compose import merge, slice_trace
+    from traces.convert import read_any
+    from traces.io import write_trace
+    from traces.schema import TraceParamError
+
+    out = args.out if args.trace_command == "merge" else args.output
+    check_output_file(out, TRACE_SUFFIXES, what="trace", force=args.force)
+    if args.trace_command == "merge":
+        try:
+            scales = [float(x) for x in args.rate_scale.split(",")] if args.rate_scale else None
+        except ValueError:
+            raise TraceParamError(f"--rate-scale: not numbers: {args.rate_scale!r}") from None
+        inputs = [read_any(p) for p in args.inputs]
+        trace = merge(
+            inputs, scales, shared_ids=args.shared_ids, names=[str(p) for p in args.inputs]
+        )
+    else:
+        trace = slice_trace(
+            read_any(args.input),
+            start_s=args.start,
+            end_s=args.end,
+            skip=args.skip,
+            count=args.count,
+        )
+    write_trace(trace, out)
+    sessions = len({r.session_id for r in trace.requests if r.session_id is not None})
+    if args.json:
+        print(json.dumps({"output": str(out), "requests": len(trace), "sessions": sessions}))
+    else:
+        print(f"wrote {out}: {len(trace):,} requests, {sessions:,} sessions")
     return 0
 
 
