@@ -9,6 +9,10 @@ These files carry no prefix information, so every converted request gets hash id
 own (fresh, consecutive ids): nothing is ever shared and every prefix hit ratio computed
 from the result is 0. The output header says so (``prefix_info: false`` and a ``note``).
 Rows out of time order are sorted (stably) and the header records how many there were.
+
+`read_any` / `convert` also read what servers and benchmarks record through
+`traces.importers` (``--from openai|weka|bench-serving|bench-multiturn``, or detected from
+the content with ``--from auto``).
 """
 
 from __future__ import annotations
