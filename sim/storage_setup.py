@@ -211,8 +211,7 @@ def storage_summary(engine: Any, frames: dict[str, Any]) -> dict[str, Any]:
         return out
     if not v0514:
         return out | _storage_summary_0523(engine, frames, setup)
-    req = frames["requests"]
-    done = req[req["finish_s"] >= 0]
+    done = measured_finished(frames["requests"])
     waits = done.loc[done["prefetch_wait_s"] > 0, "prefetch_wait_s"]
     tier: dict[str, int] = {}
     for inst in engine.instances:
@@ -249,6 +248,17 @@ def storage_summary(engine: Any, frames: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def measured_finished(req: Any) -> Any:
+    """The finished requests of a run's request table that count in its figures: those that
+    arrived after the warm-up window (``workload.warmup_s``; the ``warmup`` column marks the
+    others). The per-request L3 figures (prefetch waits, L3 hit tokens) come from these, as
+    every summary figure does; the tier's own counters (prefetches, bytes) stay the run's."""
+    done = req[req["finish_s"] >= 0]
+    if "warmup" in done.columns:
+        done = done[~done["warmup"].astype(bool)]
+    return done
+
+
 def _io_totals(sims: list[Any], stores: list[Any], page_tokens: int) -> dict[str, Any]:
     """The stages' and stores' totals, the same under every release."""
     return {
@@ -270,8 +280,7 @@ def _storage_summary_0523(
 ) -> dict[str, Any]:
     """The ``storage`` block of a 0.5.23 run: the same keys where 0.5.23 has the step, and its
     own (retries, deadlines, early insertion) beside them."""
-    req = frames["requests"]
-    done = req[req["finish_s"] >= 0]
+    done = measured_finished(frames["requests"])
     waits = done.loc[done["prefetch_wait_s"] > 0, "prefetch_wait_s"]
     tier: dict[str, int] = {}
     for inst in engine.instances:
