@@ -609,7 +609,8 @@ def cache_only_note(cfg: Any, trace: Any, summary: dict[str, Any]) -> str | None
     the replay serves one request at a time with the whole pool, the timed run shares it
     among the requests in flight (whose pages are locked and cannot be evicted), and admits
     them in its own order. None for a fleet or an L3 run (no like replay), a run with a
-    warm-up window (the replay would count the window's requests) or a small gap."""
+    warm-up window (the replay would count the window's requests) or a context limit (it
+    would see the prompts as recorded), or a small gap."""
     from dataclasses import replace
 
     from hicache.config import resolve_pools
@@ -619,6 +620,8 @@ def cache_only_note(cfg: Any, trace: Any, summary: dict[str, Any]) -> str | None
     if cfg.cluster.instances > 1 or cfg.storage.enabled or cfg.cache.eviction == "oracle":
         return None
     if "warmup_requests" in summary:  # the replay counts every request: not like for like
+        return None
+    if cfg.workload.max_context:  # the replay sees the prompts as recorded, not as limited
         return None
     device, host, _ = resolve_pools(cfg)
     one = HitRateConfig(
@@ -692,6 +695,17 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+def _context_lines(s: dict[str, Any]) -> list[str]:
+    """What the context limit (``workload.max_context``) did, when one is set."""
+    if "context_aborted" not in s:
+        return []
+    return [
+        f"context limit: {s['context_aborted']:,} prompts too long aborted (of the rejected), "
+        f"{s['context_truncated']:,} cut (auto-truncate), {s['context_capped_outputs']:,} "
+        "outputs capped to fit"
+    ]
+
+
 def format_summary(s: dict[str, Any]) -> str:
     ttft = "  ".join(
         f"{name} {_duration(s[key])}"
@@ -704,6 +718,7 @@ def format_summary(s: dict[str, Any]) -> str:
         f"requests {s['requests']:,} ({s['rejected_requests']} rejected)  "
         f"simulated {s['sim_duration_s']:.1f} s in {s['wall_time_s']:.1f} s",
         *_warmup_lines(s),
+        *_context_lines(s),
         f"hit rate {s['hit_rate']:.2%} (device {s['device_hit_rate']:.2%}, host "
         f"{s['host_hit_rate']:.2%}{l3})",
         f"TTFT {ttft}",

@@ -271,6 +271,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag(("--chunked-prefill-size",), "scheduler.chunked_prefill_size", _int),
     Flag(("--max-prefill-tokens",), "scheduler.max_prefill_tokens", _int),
     Flag(("--enable-mixed-chunk",), "scheduler.enable_mixed_chunk", None),
+    Flag(("--context-length",), "workload.max_context", _int),
+    Flag(("--allow-auto-truncate",), "workload.auto_truncate", None),
     Flag(("--max-running-requests",), "scheduler.max_running_requests", _int),
     Flag(("--hicache-storage-backend",), "storage.backend", _storage_backend,
          "file, hf3fs (preset 3fs) or mooncake; others have no preset"),
@@ -301,7 +303,6 @@ IGNORED: dict[str, str] = {
     "--ep-size": "expert parallelism is not modelled",
     "--pp-size": "pipeline parallelism is not modelled",
     "--random-seed": "a sampling seed: the simulator does not sample (run.seed is its own)",
-    "--context-length": "request lengths come from the trace",
     "--attention-backend": _COMPUTE,
     "--sampling-backend": _COMPUTE,
     "--cuda-graph-max-bs": _COMPUTE,
@@ -696,6 +697,11 @@ def sglang_flags(cfg: Any) -> tuple[list[str], list[str], list[str]]:
     flags += ["--max-prefill-tokens", str(s.max_prefill_tokens)]
     if s.enable_mixed_chunk:
         flags += ["--enable-mixed-chunk"]
+    w = cfg.workload
+    if w.max_context:
+        flags += ["--context-length", str(w.max_context)]
+        if w.auto_truncate:
+            flags += ["--allow-auto-truncate"]
     if s.max_running_requests:
         flags += ["--max-running-requests", str(s.max_running_requests)]
     if s.schedule_conservativeness != 1.0:

@@ -104,7 +104,7 @@ class Instance:
         r.arrival = self.env.now
         self.routed += 1
         need = r.input_length + r.output_length + self.sched.p.page_size
-        if need >= self.device.capacity_tokens:
+        if r.aborted or need >= self.device.capacity_tokens:
             # its KV could never fit the pool, even alone with an empty cache: SGLang rejects
             # requests longer than its KV pool at arrival; we record it as rejected (finish = -1)
             self._finished(r)

@@ -77,6 +77,8 @@ class SimReq:
     # builds ``req.symbols`` when first needed (None: ``req`` came with them); the keys are
     # dropped again at the finish, so a long trace holds only its live requests' keys
     keys: Callable[[int], PageKey] | None = None
+    # SGLang aborts it at arrival: its prompt is over the context limit (traces.context)
+    aborted: bool = False
     prompt: PageKey | None = None  # full prompt pages (built at the first need)
     # progress
     kv: AnyKV | None = None

@@ -400,11 +400,25 @@ class WorkloadConfig:
     # by run.seed (traces.resample.resample_sessions; seed 0 keeps the trace as recorded),
     # so that runs with different seeds give an interval (run/sweep/plan --seeds K set it)
     resample_sessions: bool = False
+    # SGLang's --context-length: 0 = none (every request as recorded; the pool alone bounds
+    # them). Else a prompt of min(max_context - 1, device pool - 1) - 5 tokens or more is
+    # aborted at arrival, or cut to that length with auto_truncate, and outputs are capped
+    # to fit (traces.context, as SGLang's validate_input_length and init_req_max_new_tokens)
+    max_context: int = 0
+    # SGLang's --allow-auto-truncate: cut over-long prompts (their head kept) instead of
+    # aborting them
+    auto_truncate: bool = False
 
     def __post_init__(self) -> None:
         _between("workload.rate_scale", self.rate_scale, 1e-6, 1e6)
         _between("workload.warmup_s", self.warmup_s, 0.0, 1e12)
         _at_least("workload.max_requests", self.max_requests, 0)
+        _at_least("workload.max_context", self.max_context, 0)
+        if 0 < self.max_context < 7:  # SGLang keeps at most max_context - 6 prompt tokens
+            raise ConfigError(
+                "workload.max_context",
+                f"must be 0 (none) or at least 7 tokens, got {self.max_context}",
+            )
         _choice("workload.closed_loop", self.closed_loop, CLOSED_LOOP_MODES)
         _choice("workload.outputs", self.outputs, OUTPUT_MODES)
 
