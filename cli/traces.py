@@ -67,7 +67,8 @@ def _add_subcommands(parser: argparse.ArgumentParser) -> None:
         "convert",
         help="convert between trace formats, from CSV and from server/benchmark logs",
         description="Convert a trace, or import what a server or benchmark recorded "
-        "(OpenAI chat logs, Weka agentic traces, bench_serving / bench_multiturn output); "
+        "(OpenAI chat logs, Weka agentic traces, bench_serving / bench_multiturn output, SGLang "
+        "request logs); "
         "see traces/README.md for each format.",
     )
     p.add_argument("input", type=Path, help="the file to convert (its format: --from, or detected)")
@@ -155,7 +156,8 @@ def _add_import_options(p: argparse.ArgumentParser) -> None:
         type=Path,
         default=None,
         help="the model's tokenizer.json (or its folder, whose tokenizer_config.json gives "
-        "the chat template); needs the 'import' extra",
+        "the chat template; also tokenizes SGLang log/dump requests sent as text); needs the "
+        "'import' extra",
     )
     g.add_argument(
         "--chat-template",

@@ -11,8 +11,8 @@ from the result is 0. The output header says so (``prefix_info: false`` and a ``
 Rows out of time order are sorted (stably) and the header records how many there were.
 
 `read_any` / `convert` also read what servers and benchmarks record through
-`traces.importers` (``--from openai|weka|bench-serving|bench-multiturn``, or detected from
-the content with ``--from auto``).
+`traces.importers` (``--from openai|weka|bench-serving|bench-multiturn|sglang-log|...``, or
+detected from the content with ``--from auto``).
 """
 
 from __future__ import annotations

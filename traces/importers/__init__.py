@@ -10,6 +10,7 @@ not an importer's format). See traces/README.md ("Importers") for each format's 
 | ``weka`` | `weka` | AgentX / Weka agentic traces (block hashes, subagents) |
 | ``bench-serving`` | `bench_serving` | SGLang ``bench_serving --output-details`` results |
 | ``bench-multiturn`` | `bench_multiturn` | SGLang ``bench_multiturn`` performance logs |
+| ``sglang-log`` | `sglang_log` | SGLang ``--log-requests`` request logs (text or JSON lines) |
 """
 
 from __future__ import annotations
@@ -20,7 +21,13 @@ from pathlib import Path
 from traces.importers.openai_chat import ChatOptions
 from traces.schema import DEFAULT_BLOCK_SIZE, Trace
 
-IMPORT_FORMATS: tuple[str, ...] = ("openai", "weka", "bench-serving", "bench-multiturn")
+IMPORT_FORMATS: tuple[str, ...] = (
+    "openai",
+    "weka",
+    "bench-serving",
+    "bench-multiturn",
+    "sglang-log",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,13 +43,15 @@ class ImportOptions:
 def detect(path: Path) -> str | None:
     """The importer format of a file from its first JSON value, or None (not one: a trace
     file, or something no importer reads). A folder or a ``.json`` file of Weka traces is
-    ``weka``."""
-    from traces.importers import bench_multiturn, bench_serving, openai_chat, weka
+    ``weka``; a text file whose first lines hold SGLang request-log lines is ``sglang-log``."""
+    from traces.importers import bench_multiturn, bench_serving, openai_chat, sglang_log, weka
     from traces.importers.common import first_json_line
 
     if path.is_dir() or path.name.lower().endswith(".json"):
         return "weka" if weka.looks_like_source(path) else None
     obj = first_json_line(path)
+    if obj is None and path.is_file() and sglang_log.looks_like_log(path):
+        return "sglang-log"
     for name, mod in (
         ("openai", openai_chat),
         ("weka", weka),
@@ -68,6 +77,12 @@ def read_import(
     if fmt == "bench-serving":
         return bench_serving.read_bench_serving(
             path, block_size=options.block_size, lenient=lenient
+        )
+    if fmt == "sglang-log":
+        from traces.importers import sglang_log
+
+        return sglang_log.read_sglang_log(
+            path, tokenizer=options.chat.tokenizer, block_size=options.block_size, lenient=lenient
         )
     if fmt == "bench-multiturn":
         return bench_multiturn.read_bench_multiturn(

@@ -43,6 +43,7 @@ class ImportedRow:
     think_ms: float | None = None
     latency_ms: float | None = None
     rid: str | None = None
+    priority: int | None = None
 
 
 def open_text(path: Path) -> IO[str]:
@@ -187,6 +188,7 @@ def build_requests(rows: list[ImportedRow]) -> list[Request]:
                 turn=turn,
                 think_time_ms=think,
                 rid=row.rid,
+                priority=row.priority,
             )
         )
     return out
