@@ -12,6 +12,7 @@
 ``config``     config keys, a config as SGLang flags (:mod:`cli.config`)
 ``model``      a model's prefill/decode cost on a GPU, part by part (:mod:`cli.model`)
 ``advise``     a verdict first: will HiCache help, how big, which policy (:mod:`cli.advise`)
+``compare-metrics``  a run beside a real server's /metrics scrapes (:mod:`cli.compare_metrics`)
 =============  ==========================================================
 
 User errors (bad arguments, unreadable or malformed inputs) print one line and exit 2 (see
@@ -34,7 +35,19 @@ __all__ = ["EXIT_USER_ERROR", "UserError", "build_parser", "main"]
 def build_parser() -> argparse.ArgumentParser:
     """The whole ``hicache-sim`` parser; each parsed command has ``func`` (and may have
     ``user_errors`` / ``error_prefix``, see :func:`cli.errors.run_command`)."""
-    from cli import advise, config, demo, model, plan, replay, report, run, sweep, traces
+    from cli import (
+        advise,
+        compare_metrics,
+        config,
+        demo,
+        model,
+        plan,
+        replay,
+        report,
+        run,
+        sweep,
+        traces,
+    )
     from hicache import __version__
 
     parser = Parser(
@@ -56,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     replay.register(sub)
     config.register(sub)
     model.register(sub)
+    compare_metrics.register(sub)
     return parser
 
 

@@ -3,7 +3,8 @@ the duplex PCIe link, the SimController, arrivals, the scheduler and the recorde
 
 ``run_simulation(cfg, trace, out_dir)`` writes the run directory (ARCHITECTURE.md §5):
 ``config.json``, ``summary.json``, ``requests.parquet``, ``timeline.parquet``,
-``transfers.parquet`` and optionally ``trace.json`` (Chrome trace).
+``transfers.parquet``, ``metrics.prom`` (SGLang's Prometheus metrics of the run: :mod:`sim.prom`)
+and optionally ``trace.json`` (Chrome trace).
 """
 
 from __future__ import annotations
@@ -32,15 +33,18 @@ from sim.instance import Instance
 from sim.link import DuplexLink
 from sim.metrics import (
     Recorder,
+    sglang_cached_tokens,
     summarize,
     warmup_mask,
     write_json_atomic,
     write_parquet_atomic,
 )
+from sim.prom import render, run_families
 from sim.routers import Router, build_router
 from sim.scheduler import Scheduler, SchedulerParams, SimReq
 from sim.seeds import replica_trace
 from sim.storage_setup import StorageSetup, storage_summary
+from traces import fsutil
 from traces.store import BuiltOnRead
 
 if TYPE_CHECKING:
@@ -423,6 +427,9 @@ def run_simulation(
     )
     duration = engine.run()
     frames = engine.frames(take=True)
+    if cfg.sglang.version == "0.5.14":  # its cached_tokens_details split (sim.metrics)
+        req = frames["requests"]
+        frames["requests"] = req.assign(**sglang_cached_tokens(req, cfg.sglang.version))
     warmup = cfg.workload.warmup_s
     early = warmup_mask(frames["requests"], warmup)
     if early is not None:  # the table keeps every request; these count in no figure
@@ -461,6 +468,13 @@ def run_simulation(
         for name, df in frames.items():
             write_parquet_atomic(df, out_dir / f"{name}.parquet")
         write_json_atomic(summary, out_dir / "summary.json")
+        fams = run_families(
+            frames["requests"], frames["transfers"], sglang_version=cfg.sglang.version,
+            model_name=cfg.model.spec.name, page_size=ps, device_tokens=device_tokens,
+            host_tokens=host_tokens if cfg.cache.enable_host else 0,
+            warmup_end_s=summary.get("warmup_end_s"), storage=summary.get("storage"),
+        )  # fmt: skip
+        fsutil.write_text_atomic(render(fams), out_dir / "metrics.prom")
         if cfg.run.chrome_trace:
             write_json_atomic(chrome_trace(engine), out_dir / "trace.json")
     return summary

@@ -74,10 +74,20 @@ class TransferRow(NamedTuple):
 #: request): ttft = first token - arrival, tpot = (finish - first token) / (outputs - 1) (NaN for
 #: one output token), e2e = finish - arrival, queue = admitted - arrival
 DERIVED_REQUEST_COLUMNS = ("ttft_s", "tpot_s", "e2e_s", "queue_s")
+#: SGLang's per-request ``meta_info`` names (``cached_tokens`` and ``cached_tokens_details``
+#: ``{device, host, storage}``), derived from the hit columns as SGLang counts them
+#: (:func:`sglang_cached_tokens`); last in the table
+SGLANG_CACHED_COLUMNS = (
+    "cached_tokens",
+    "cached_tokens_device",
+    "cached_tokens_host",
+    "cached_tokens_storage",
+)
 REQUEST_COLUMNS = (
     *RequestRow._fields[:5],
     *DERIVED_REQUEST_COLUMNS,
     *RequestRow._fields[5:],
+    *SGLANG_CACHED_COLUMNS,
 )
 TIMELINE_COLUMNS = TimelineRow._fields
 TRANSFER_COLUMNS = TransferRow._fields
@@ -166,8 +176,46 @@ def request_frame(rows: Sequence[RequestRow], *, take: bool = False) -> Any:
         "e2e_s": np.where(done, finish - arrival, nan),
         "queue_s": np.where(done, df["admitted_s"].to_numpy(dtype=float) - arrival, nan),
     }
-    columns = {**{c: df[c] for c in RequestRow._fields}, **derived}
+    columns = {**{c: df[c] for c in RequestRow._fields}, **derived, **sglang_cached_tokens(df)}
     return pd.DataFrame({c: columns[c] for c in REQUEST_COLUMNS}, copy=False)
+
+
+def sglang_cached_tokens(req: Any, sglang_version: str = "0.5.23") -> dict[str, Any]:
+    """The ``SGLANG_CACHED_COLUMNS`` of a requests table, as SGLang reports each request
+    (``managers/schedule_batch.py``, ``prepare_for_extend``, at the first prefill chunk; a
+    retraction changes nothing afterwards, as ``retracted_stain`` does).
+
+    ``cached_tokens``: the prefix the first admission started from, device hit + loaded host
+    hit (the L3-fetched part included): ``device_hit_tokens + host_hit_tokens +
+    storage_hit_tokens``, in both versions. The breakdown:
+
+    - 0.5.23 (``split_cached_prefix_by_tier`` over ``materialized_host_hit_len``): what came
+      from where, ``device_hit_tokens`` / ``host_hit_tokens`` / ``storage_hit_tokens``; the
+      three add up to ``cached_tokens``;
+    - 0.5.14: the *matched* host hit, loaded or not (``host_total = req.host_hit_length``):
+      host = ``host_hit_tokens + host_hit_recomputed_tokens``, storage =
+      ``storage_hit_tokens``, device = ``max(0, cached_tokens - host_total)``. A host hit that
+      was not loaded back (below ``load_back_threshold``, or no device room) is reported as
+      host although it was recomputed, and taken off device (summary.json's ``D6``); there
+      storage is this model's loaded L3 part (SGLang's ``min(host_total, prefetched)`` may be
+      more). Without such a hit the split is the same as 0.5.23's.
+
+    A rejected request (never admitted) has 0 everywhere."""
+    import numpy as np
+
+    dev = req["device_hit_tokens"].to_numpy()
+    host = req["host_hit_tokens"].to_numpy()
+    l3 = req["storage_hit_tokens"].to_numpy()
+    cached = dev + host + l3
+    if sglang_version == "0.5.14":
+        host_total = host + l3 + req["host_hit_recomputed_tokens"].to_numpy()
+        dev, host = np.maximum(0, cached - host_total), host_total - l3
+    return {
+        "cached_tokens": cached,
+        "cached_tokens_device": dev,
+        "cached_tokens_host": host,
+        "cached_tokens_storage": l3,
+    }
 
 
 @dataclass

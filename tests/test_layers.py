@@ -45,7 +45,8 @@ RULES = {
     ),
     "cli": _rule(
         "cli studies sim hicache hicache.policy traces pandas numpy matplotlib tqdm simpy",
-        "replay ray torch",
+        # prometheus_client: compare-metrics parses a server's /metrics scrapes
+        "replay ray torch prometheus_client",
     ),
 }
 
