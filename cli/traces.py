@@ -68,7 +68,7 @@ def _add_subcommands(parser: argparse.ArgumentParser) -> None:
         help="convert between trace formats, from CSV and from server/benchmark logs",
         description="Convert a trace, or import what a server or benchmark recorded "
         "(OpenAI chat logs, Weka agentic traces, bench_serving / bench_multiturn output, SGLang "
-        "request logs); "
+        "request logs and dumps); "
         "see traces/README.md for each format.",
     )
     p.add_argument("input", type=Path, help="the file to convert (its format: --from, or detected)")

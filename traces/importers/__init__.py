@@ -11,6 +11,7 @@ not an importer's format). See traces/README.md ("Importers") for each format's 
 | ``bench-serving`` | `bench_serving` | SGLang ``bench_serving --output-details`` results |
 | ``bench-multiturn`` | `bench_multiturn` | SGLang ``bench_multiturn`` performance logs |
 | ``sglang-log`` | `sglang_log` | SGLang ``--log-requests`` request logs (text or JSON lines) |
+| ``sglang-dump`` | `sglang_dump` | SGLang ``--dump-requests-folder`` pickles (restricted) |
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ IMPORT_FORMATS: tuple[str, ...] = (
     "bench-serving",
     "bench-multiturn",
     "sglang-log",
+    "sglang-dump",
 )
 
 
@@ -43,10 +45,20 @@ class ImportOptions:
 def detect(path: Path) -> str | None:
     """The importer format of a file from its first JSON value, or None (not one: a trace
     file, or something no importer reads). A folder or a ``.json`` file of Weka traces is
-    ``weka``; a text file whose first lines hold SGLang request-log lines is ``sglang-log``."""
-    from traces.importers import bench_multiturn, bench_serving, openai_chat, sglang_log, weka
+    ``weka``; a ``.pkl`` file or a folder of them ``sglang-dump``; a text file whose first
+    lines hold SGLang request-log lines ``sglang-log``."""
+    from traces.importers import (
+        bench_multiturn,
+        bench_serving,
+        openai_chat,
+        sglang_dump,
+        sglang_log,
+        weka,
+    )
     from traces.importers.common import first_json_line
 
+    if sglang_dump.looks_like_source(path):
+        return "sglang-dump"
     if path.is_dir() or path.name.lower().endswith(".json"):
         return "weka" if weka.looks_like_source(path) else None
     obj = first_json_line(path)
@@ -82,6 +94,12 @@ def read_import(
         from traces.importers import sglang_log
 
         return sglang_log.read_sglang_log(
+            path, tokenizer=options.chat.tokenizer, block_size=options.block_size, lenient=lenient
+        )
+    if fmt == "sglang-dump":
+        from traces.importers import sglang_dump
+
+        return sglang_dump.read_sglang_dump(
             path, tokenizer=options.chat.tokenizer, block_size=options.block_size, lenient=lenient
         )
     if fmt == "bench-multiturn":
