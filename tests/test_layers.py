@@ -36,7 +36,9 @@ RULES = {
     # mypy_extensions: mypyc's compile-time class marker (allow_interpreted_subclasses), guarded
     # with a no-op fallback, so the policy core still runs on the standard library alone
     "hicache.policy": _rule("hicache.policy", optional="mypy_extensions"),
-    "traces": _rule("traces numpy pandas pyarrow"),
+    # the importers' optional extra ('import'): a tokenizer and chat template for OpenAI logs,
+    # msgpack and ZMQ for KV-cache events, loaded only when that format is converted
+    "traces": _rule("traces numpy pandas pyarrow", "tokenizers jinja2 msgpack zmq"),
     "hicache": _rule("hicache hicache.policy traces numpy", "pandas"),
     "sim": _rule("sim hicache hicache.policy traces simpy numpy pandas tqdm"),
     "replay": _rule("replay hicache hicache.policy traces torch numpy pandas"),
