@@ -17,7 +17,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable, Generator, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +45,7 @@ from sim.scheduler import Scheduler, SchedulerParams, SimReq
 from sim.seeds import replica_trace
 from sim.storage_setup import StorageSetup, storage_summary
 from traces import fsutil
+from traces.context import ContextLimit, Limited, apply_context_limit
 from traces.store import BuiltOnRead
 
 if TYPE_CHECKING:
@@ -296,15 +297,21 @@ class SimReqSource(BuiltOnRead[SimReq]):
     one builds each request when it arrives (open loop), so the requests in memory are the
     live ones, not the whole trace."""
 
-    def __init__(self, paged: PagedTrace, keys: Callable[[int], PageKey]) -> None:
+    def __init__(
+        self,
+        paged: PagedTrace,
+        keys: Callable[[int], PageKey],
+        aborted: frozenset[int] = frozenset(),
+    ) -> None:
         self.paged = paged
         self.keys = keys
+        self.aborted = aborted  # indices SGLang aborts at arrival (traces.context)
 
     def __len__(self) -> int:
         return len(self.paged)
 
     def _get(self, i: int) -> SimReq:
-        return SimReq(self.paged[i], keys=self.keys)
+        return SimReq(self.paged[i], keys=self.keys, aborted=i in self.aborted)
 
 
 class _Arrivals:
@@ -377,6 +384,17 @@ def resolve_closed_loop(mode: str, trace: Trace, n_used: int) -> bool:
     return any(r.think_time_ms is not None for r in itertools.islice(trace.requests, n_used))
 
 
+def context_summary(limited: Limited) -> dict[str, int]:
+    """``summary.json``'s counts of what ``workload.max_context`` did to the requests the run
+    replays: aborted at arrival (also counted in ``rejected_requests``), prompts cut
+    (``auto_truncate``) and outputs capped."""
+    return {
+        "context_aborted": len(limited.aborted),
+        "context_truncated": limited.truncated,
+        "context_capped_outputs": limited.capped,
+    }
+
+
 def run_simulation(
     cfg: SimConfig,
     trace: Trace,
@@ -394,12 +412,18 @@ def run_simulation(
     ps = cfg.cache.page_size
     if cfg.workload.resample_sessions:  # a --seeds replica (sim.seeds)
         trace = replica_trace(trace, cfg.run.seed, cfg.workload.max_requests)
+    limited = None
+    if cfg.workload.max_context:  # SGLang's --context-length (traces.context)
+        limit = ContextLimit.of(cfg.workload.max_context, device_tokens)
+        used = replace(trace, requests=trace.requests[: cfg.workload.max_requests or None])
+        limited = apply_context_limit(used, limit, cfg.workload.auto_truncate)
+        trace = limited.trace
     # each request is built when it arrives and freed once finished and recorded; its keys
     # are built when it first needs them and dropped at its finish
     paged = PagedTrace(
         trace, ps, rate_scale=cfg.workload.rate_scale, limit=cfg.workload.max_requests
     )
-    reqs = SimReqSource(paged, page_keys(trace, ps))
+    reqs = SimReqSource(paged, page_keys(trace, ps), limited.aborted if limited else frozenset())
     closed_loop = resolve_closed_loop(cfg.workload.closed_loop, trace, len(paged))
     sp = cfg.scheduler
     engine = Engine(
@@ -438,6 +462,8 @@ def run_simulation(
         frames_out.update(frames)
     summary = summarize(frames, duration, time.perf_counter() - t0, closed_loop, warmup)
     summary["sglang_version"] = cfg.sglang.version
+    if limited is not None:
+        summary.update(context_summary(limited))
     # the L3 block and the defect counters are the whole run's (the cache's own counters)
     summary.update(storage_summary(engine, frames))
     if cfg.cluster.instances > 1:
