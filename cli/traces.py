@@ -103,6 +103,7 @@ def _add_subcommands(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print a JSON summary")
 
     _add_compose(sub)
+    _add_record(sub)
     _add_gen(sub.add_parser("gen", help="generate a synthetic trace"))
 
 
@@ -147,6 +148,42 @@ def _add_compose(sub: Any) -> None:
     p.add_argument("--count", type=int_at_least(1), default=None, help="requests to keep")
     p.add_argument("--force", action="store_true", help="overwrite an existing output")
     p.add_argument("--json", action="store_true", help="print a JSON summary")
+
+
+def _add_record(sub: Any) -> None:
+    p = sub.add_parser(
+        "record",
+        help="record KV-cache events from a ZMQ publisher (SGLang/vLLM --kv-events-config)",
+        description="Subscribe to a server's KV-cache event publisher and write the messages "
+        "to FILE (JSON lines, the msgpack payloads as they came); convert it with "
+        "'trace convert FILE OUT --from kv-events'.",
+    )
+    p.add_argument("--zmq", required=True, metavar="ENDPOINT", help="e.g. tcp://127.0.0.1:5557")
+    p.add_argument("--out", type=Path, required=True, help="the recording (.jsonl)")
+    p.add_argument("--topic", default="", help="the publisher's topic (default: all)")
+    stop = p.add_mutually_exclusive_group(required=True)
+    stop.add_argument("--duration", type=float_above(0.0), help="seconds to record")
+    stop.add_argument("--max-events", type=int_at_least(1), help="stop after N events")
+    p.add_argument("--force", action="store_true", help="overwrite an existing --out")
+    p.add_argument("--json", action="store_true", help="print a JSON summary")
+
+
+def _record(args: argparse.Namespace) -> int:
+    from traces.importers.kv_events import record
+
+    check_output_file(args.out, (".jsonl",), what="recording", force=args.force)
+    messages, events = record(
+        args.zmq,
+        args.out,
+        topic=args.topic,
+        duration_s=args.duration,
+        max_events=args.max_events,
+    )
+    if args.json:
+        print(json.dumps({"output": str(args.out), "messages": messages, "events": events}))
+    else:
+        print(f"wrote {args.out}: {messages:,} messages, {events:,} events")
+    return 0
 
 
 def _add_import_options(p: argparse.ArgumentParser) -> None:
@@ -298,6 +335,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _gen(args)
     if command in ("merge", "slice"):
         return _compose(args)
+    if command == "record":
+        return _record(args)
     raise AssertionError(f"unknown trace command {command!r}")
 
 

@@ -12,6 +12,7 @@ not an importer's format). See traces/README.md ("Importers") for each format's 
 | ``bench-multiturn`` | `bench_multiturn` | SGLang ``bench_multiturn`` performance logs |
 | ``sglang-log`` | `sglang_log` | SGLang ``--log-requests`` request logs (text or JSON lines) |
 | ``sglang-dump`` | `sglang_dump` | SGLang ``--dump-requests-folder`` pickles (restricted) |
+| ``kv-events`` | `kv_events` | KV-cache events recorded by ``trace record --zmq`` |
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ IMPORT_FORMATS: tuple[str, ...] = (
     "bench-multiturn",
     "sglang-log",
     "sglang-dump",
+    "kv-events",
 )
 
 
@@ -50,6 +52,7 @@ def detect(path: Path) -> str | None:
     from traces.importers import (
         bench_multiturn,
         bench_serving,
+        kv_events,
         openai_chat,
         sglang_dump,
         sglang_log,
@@ -64,6 +67,8 @@ def detect(path: Path) -> str | None:
     obj = first_json_line(path)
     if obj is None and path.is_file() and sglang_log.looks_like_log(path):
         return "sglang-log"
+    if kv_events.looks_like(obj):
+        return "kv-events"
     for name, mod in (
         ("openai", openai_chat),
         ("weka", weka),
@@ -102,6 +107,10 @@ def read_import(
         return sglang_dump.read_sglang_dump(
             path, tokenizer=options.chat.tokenizer, block_size=options.block_size, lenient=lenient
         )
+    if fmt == "kv-events":
+        from traces.importers import kv_events
+
+        return kv_events.read_kv_events(path, lenient=lenient)
     if fmt == "bench-multiturn":
         return bench_multiturn.read_bench_multiturn(
             path, options.bench_args, block_size=options.block_size
