@@ -404,6 +404,10 @@ def run_simulation(
 ) -> dict[str, Any]:
     """Run ``cfg`` over ``trace``; write the run directory if ``out_dir``; return the summary.
     ``frames_out``: a dict that receives the run's tables (``requests``, ``transfers``, ...)."""
+    if cfg.pd.enabled:  # prefill/decode disaggregation: its own engine (sim.pd)
+        from sim.pd import run_pd_simulation
+
+        return run_pd_simulation(cfg, trace, out_dir, progress, frames_out)
     from hicache.config import config_to_dict, resolve_pools
 
     t0 = time.perf_counter()

@@ -1,0 +1,176 @@
+"""``run_pd_simulation``: a PD run of a trace, the run directory it writes and its summary.
+
+The run directory holds what a single-server run's does, per role, plus the PD requests:
+``config.json`` (the config and each role's resolved config and pools), ``summary.json``
+(:mod:`sim.pd.summary`), ``requests.parquet`` (one row per request: both instances, the
+pre-allocation, bootstrap, prefill, transfer start and end, first token and finish times),
+``prefill_requests.parquet`` / ``decode_requests.parquet`` (each role's own request tables, as
+a fleet writes them, with ``instance``), and ``timeline.parquet`` / ``transfers.parquet``
+(PCIe copies) of both roles with a ``role`` column.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hicache.config import ConfigError, SimConfig, config_to_dict, resolve_pools, with_overrides
+from hicache.lifecycle import PagedTrace, page_keys
+from sim.costs import build_costs
+from sim.metrics import write_json_atomic, write_parquet_atomic
+from sim.pd.engine import PdEngine, RoleSpec
+from sim.pd.request import PdRow, pd_row
+from sim.pd.summary import pd_summary
+from sim.pd.transfer import TransferCost, rank_bytes_per_token
+from sim.routers import build_router
+from sim.scheduler import SchedulerParams
+from sim.storage_setup import StorageSetup
+
+if TYPE_CHECKING:
+    from traces.schema import Trace
+
+
+def role_configs(cfg: SimConfig) -> tuple[SimConfig, SimConfig]:
+    """The prefill and the decode role's configs: ``cfg`` (PD off) with ``pd.prefill_set`` /
+    ``pd.decode_set`` applied. Both must serve the same model at the same page size (the KV
+    goes page for page from one pool to the other)."""
+    base = replace(cfg, pd=replace(cfg.pd, enabled=False, prefill_set="", decode_set=""))
+    out = []
+    for role in ("prefill", "decode"):
+        try:
+            out.append(with_overrides(base, cfg.pd.role_overrides(role)))
+        except ConfigError as e:
+            raise ConfigError(f"pd.{role}_set", str(e)) from None
+    pre, dec = out
+    if pre.model.spec != dec.model.spec:
+        raise ConfigError("pd.decode_set", "both roles must serve the same model (model.*)")
+    if pre.cache.page_size != dec.cache.page_size:
+        raise ConfigError("pd.decode_set", "both roles need the same cache.page_size")
+    return pre, dec
+
+
+def _role_kwargs(rc: SimConfig, *, decode: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``Instance`` keyword arguments of a role and what config.json says of its pools. The
+    decode role keeps no host tier and no L3 (decode-side HiCache is not modelled yet)."""
+    device, host, _ = resolve_pools(rc)
+    costs = build_costs(rc)
+    host = 0 if decode or not rc.cache.enable_host else host
+    ps = rc.cache.page_size
+    kwargs = {
+        "device_tokens": device,
+        "host_tokens": host,
+        "page_size": ps,
+        "write_policy": rc.cache.write_policy,
+        "eviction": rc.cache.eviction,
+        "costs": costs,
+        "sched": SchedulerParams(page_size=ps, outputs=rc.workload.outputs, **asdict(rc.scheduler)),
+        "timeline_max_rows": rc.run.timeline_max_rows,
+        "load_back_threshold": rc.cache.load_back_threshold,
+        "storage": None if decode else StorageSetup.from_config(rc, costs.bytes_per_page),
+        "sglang_version": rc.sglang.version,
+        "eviction_params": rc.cache.eviction_params(),
+    }
+    return kwargs, {"device_tokens": device, "host_tokens": host}
+
+
+def build_pd_engine(cfg: SimConfig, trace: Trace) -> tuple[PdEngine, dict[str, Any]]:
+    """The engine of a PD run of ``trace`` and config.json's per-role part."""
+    from sim.engine import resolve_closed_loop
+
+    pre, dec = role_configs(cfg)
+    pre_kw, pre_pools = _role_kwargs(pre, decode=False)
+    dec_kw, dec_pools = _role_kwargs(dec, decode=True)
+    ps = pre.cache.page_size
+    paged = PagedTrace(
+        trace, ps, rate_scale=cfg.workload.rate_scale, limit=cfg.workload.max_requests
+    )
+    pd = cfg.pd
+    routers = (
+        build_router(replace(pre.router, policy=pd.prefill_router), pd.prefill_instances, ps),
+        build_router(replace(dec.router, policy=pd.decode_router), pd.decode_instances, ps),
+    )
+    engine = PdEngine(
+        paged,
+        page_keys(trace, ps),
+        prefill=RoleSpec(pd.prefill_instances, pre_kw),
+        decode=RoleSpec(pd.decode_instances, dec_kw),
+        routers=routers,
+        cost=TransferCost.of(pd),
+        rank_bytes=rank_bytes_per_token(pre.model.spec, pre.model.tp, dec.model.tp),
+        chunk_size=pre.scheduler.chunked_prefill_size,
+        reserved_decode_tokens=pd.num_reserved_decode_tokens,
+        closed_loop=resolve_closed_loop(cfg.workload.closed_loop, trace, len(paged)),
+    )
+    roles = {
+        "prefill": {"config": config_to_dict(pre), **pre_pools},
+        "decode": {"config": config_to_dict(dec), **dec_pools},
+    }
+    return engine, roles
+
+
+def run_pd_simulation(
+    cfg: SimConfig,
+    trace: Trace,
+    out_dir: Path | None = None,
+    progress: bool | None = None,
+    frames_out: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Run ``cfg`` (``pd.enabled``) over ``trace``; write the run directory if ``out_dir``;
+    return the summary. ``frames_out`` receives the tables (``requests``, ``prefill``, ``decode``:
+    each role's frames)."""
+    import pandas as pd
+
+    del progress  # no progress bar for PD runs yet
+    t0 = time.perf_counter()
+    engine, roles = build_pd_engine(cfg, trace)
+    duration = engine.run()
+    rows = [pd_row(r) for r in sorted(engine.records, key=lambda r: r.rid)]
+    req = pd.DataFrame(rows, columns=list(PdRow._fields))
+    frames = {
+        "requests": req,
+        "prefill": engine.role_frames("prefill", take=True),
+        "decode": engine.role_frames("decode", take=True),
+    }
+    if frames_out is not None:
+        frames_out.update(frames)
+    summary = pd_summary(frames, duration, time.perf_counter() - t0, engine, cfg)
+    if out_dir is not None:
+        _write_run(out_dir, cfg, trace, roles, frames, summary, engine.closed_loop)
+    return summary
+
+
+def _write_run(
+    out_dir: Path, cfg: SimConfig, trace: Trace, roles: dict[str, Any],
+    frames: dict[str, Any], summary: dict[str, Any], closed_loop: bool,
+) -> None:  # fmt: skip
+    import pandas as pd
+
+    from hicache import __version__
+    from hicache.policy import NATIVE
+    from sim.engine import trace_checksum
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    conf = {
+        "config": config_to_dict(cfg),
+        "roles": roles,
+        "trace": os.path.relpath(trace.path, out_dir) if trace.path else "",
+        "trace_sha256": trace_checksum(Path(trace.path)) if trace.path else None,
+        "closed_loop": closed_loop,
+        "model": dataclasses.asdict(cfg.model.spec),
+        "version": __version__,
+        "compiled_core": NATIVE.active,
+    }
+    write_json_atomic(conf, out_dir / "config.json")
+    write_parquet_atomic(frames["requests"], out_dir / "requests.parquet")
+    for role in ("prefill", "decode"):
+        write_parquet_atomic(frames[role]["requests"], out_dir / f"{role}_requests.parquet")
+    for name in ("timeline", "transfers"):
+        both = [frames[role][name].assign(role=role) for role in ("prefill", "decode")]
+        full = [d for d in both if len(d)]
+        table = pd.concat(full, ignore_index=True) if len(full) > 1 else (full or both)[0]
+        write_parquet_atomic(table, out_dir / f"{name}.parquet")
+    write_json_atomic(summary, out_dir / "summary.json")
