@@ -9,6 +9,7 @@ import itertools
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -206,3 +207,28 @@ def test_closed_loop_turns_follow_their_predecessor_finish() -> None:
         assert gap == pytest.approx((r.think_time_ms or 0.0) / 1000.0, abs=1e-9)
         checked += 1
     assert checked > 10
+
+
+def test_decode_retraction_resumes_without_recompute() -> None:
+    """A decode pool too small for its batch: the decode scheduler retracts, the victims wait
+    in the retracted queue (nothing new is pre-allocated meanwhile) and come back with their
+    KV, never prefilled again on either role; requests whose KV and reserve could never fit
+    the decode pool are rejected at arrival instead of waiting forever."""
+    trace = read_trace(CONVERSATION)
+    cfg = load_config(None, [
+        "pd.enabled=true", "workload.max_requests=400",
+        "pd.decode_set=gpu.device_tokens=40960;scheduler.max_running_requests=64",
+        "pd.num_reserved_decode_tokens=0",
+    ])  # fmt: skip
+    frames: dict[str, Any] = {}
+    s = run_simulation(cfg, trace, frames_out=frames)
+    dec = frames["decode"]["requests"]
+    assert s["roles"]["decode"]["retractions"] == s["retractions"] > 0
+    assert s["finished_requests"] + s["rejected_requests"] == 400
+    too_long = [r.input_length + r.output_length > 40960 - 64 for r in trace.requests[:400]]
+    assert s["rejected_requests"] == sum(too_long) > 0
+    assert (dec["computed_tokens"] == 0).all()  # the decode server never prefilled
+    pre = frames["prefill"]["requests"]
+    done = pre[pre["finish_s"] >= 0]
+    cached = done["device_hit_tokens"] + done["host_hit_tokens"] + done["storage_hit_tokens"]
+    assert (done["computed_tokens"] + cached == done["prompt_tokens"]).all()  # prefilled once

@@ -114,9 +114,12 @@ class PdEngine:
                                          now)  # fmt: skip
         self.prefill[r.prefill].routed += 1
         dec = self.decode[r.decode]
-        need = r.dec.input_length + r.dec.output_length + self.page_size
-        if r.pre.aborted or need >= dec.inst.device.capacity_tokens:
-            # too long for the decode pool even alone (decode.py:962-997 aborts it)
+        ps = self.page_size
+        need = -(-(r.dec.input_length + r.dec.output_length) // ps) * ps + dec.reserved
+        if r.pre.aborted or need > dec.inst.device.capacity_tokens:
+            # its KV and the reserve could never fit the decode pool, even alone: SGLang
+            # aborts only a prompt over the pool (decode.py:962-997) and would leave this one
+            # waiting forever at pre-allocation or resumption; it is rejected here
             r.rejected = True
             self.prefill[r.prefill].done += 1
             self._end(r)
@@ -229,8 +232,24 @@ class PdEngine:
         for d in self.decode:
             env.process(d.inst.sched.run())
         if self._total:
-            env.run(until=self._all_done)
+            try:
+                env.run(until=self._all_done)
+            except RuntimeError as e:
+                if self._all_done.triggered:
+                    raise
+                raise RuntimeError(self._stall_message()) from e
         return float(env.now)
+
+    def _stall_message(self) -> str:
+        queues = ", ".join(
+            f"decode {i}: {len(d.queue)} pre-allocating, {len(d.transfer)} in transfer, "
+            f"{len(d.retracted)} retracted, {len(d.inst.sched.running)} running"
+            for i, d in enumerate(self.decode)
+        )
+        return (
+            f"PD simulation stalled at t={self.env.now:.3f}s with "
+            f"{self._total - self._ended} unfinished requests ({queues})"
+        )
 
     def role_frames(self, role: str, *, take: bool = False) -> dict[str, Any]:
         """The role's instance tables, with an ``instance`` column (as a fleet's)."""
