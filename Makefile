@@ -88,7 +88,8 @@ device-check:
 # real SGLang cache on random operation sequences (conformance/README.md), for every supported
 # SGLang version (`SGLANG_VERSION=0.5.14` or `0.5.23` for one): 0.5.14's HiRadixCache in
 # .venv-conformance, 0.5.23's UnifiedRadixCache (both TreeCores; L1/L2 sequences, then L3
-# sequences with the storage tier) in .venv-conformance-0.5.23.
+# sequences with the storage tier, then L3 sequences in --hicache-host-memory-mode buffer_only,
+# the real BufferModePipeline) in .venv-conformance-0.5.23. Any run that mismatches fails it.
 # Each venv holds the sglang wheel (--no-deps), the CPU torch wheel and a few light packages;
 # when a wheel cannot be had it prints "conformance SKIPPED: <why>" and succeeds.
 # Extra options: CONFORMANCE_ARGS="--sequences 10 --steps 50".
@@ -111,11 +112,13 @@ conformance-one:
 	  bash conformance/make_venv.sh $(PYTHON) $$venv $(CONF_V) $(TORCH_CPU); \
 	fi; \
 	if [ -f $$venv/.ready-$(CONF_V) ]; then \
-	  echo "== conformance against SGLang $(CONF_V)"; \
-	  $$venv/bin/python -m $(call conf_module,$(CONF_V)) $(CONFORMANCE_ARGS); \
+	  echo "== conformance against SGLang $(CONF_V)"; rc=0; \
+	  $$venv/bin/python -m $(call conf_module,$(CONF_V)) $(CONFORMANCE_ARGS) || rc=1; \
 	  if [ "$(CONF_V)" != "0.5.14" ]; then \
-	    $$venv/bin/python -m $(call conf_module,$(CONF_V)) --l3 --out runs/conformance-$(CONF_V)-l3 $(CONFORMANCE_ARGS); \
+	    $$venv/bin/python -m $(call conf_module,$(CONF_V)) --l3 --out runs/conformance-$(CONF_V)-l3 $(CONFORMANCE_ARGS) || rc=1; \
+	    $$venv/bin/python -m $(call conf_module,$(CONF_V)) --buffer-only --out runs/conformance-$(CONF_V)-buffer $(CONFORMANCE_ARGS) || rc=1; \
 	  fi; \
+	  exit $$rc; \
 	else \
 	  echo "conformance SKIPPED ($(CONF_V)): $$(cat $$venv/.skip-reason 2>/dev/null || echo 'no venv')"; \
 	fi

@@ -189,3 +189,74 @@ def test_a_timed_run_completes(tmp_path: Path) -> None:
     assert summary["finished_requests"] == 300
     assert summary["host_hit_rate"] == 0.0
     assert summary["storage"]["storage_hit_tokens"] > 0
+
+
+# -- conformance: our buffer core beside the real BufferModePipeline ---------------------------
+REAL_VENV = ROOT / ".venv-conformance-0.5.23"
+
+
+def test_buffer_conformance_self_test_reaches_the_staged_loads(tmp_path: Path) -> None:
+    """The buffer_only conformance driver with our core on both sides: it agrees with itself
+    and reaches the paths the check is for (backups staged and stored, staged L3 loads
+    consumed at admission)."""
+    import json
+
+    from conformance.v0523 import run
+
+    args = ["--buffer-only", "--self-test", "--sequences", "1", "--steps", "80",
+            "--page-sizes", "1,4", "--evictions", "lru", "--out", str(tmp_path)]  # fmt: skip
+    assert run.main(args) == 0
+    report = json.loads((tmp_path / "conformance-buffer.json").read_text())
+    assert report["mismatches"] == []
+    cov = report["totals"]["ours"]["coverage"]
+    for key in ("l3_backup_ops", "l3_loaded_from_storage", "staged_loaded", "admit_pending"):
+        assert cov.get(key, 0) > 0, key
+
+
+def test_buffer_conformance_catches_a_planted_difference() -> None:
+    """One buffer decision changed on one side (the staging FIFO launched newest first) is
+    reported."""
+    from conformance.v0523 import run_l3
+    from conformance.v0523.ours_side import OursUnifiedCache
+
+    class _Lifo(OursUnifiedCache):
+        def __init__(self, **kw: Any) -> None:
+            super().__init__(**kw)
+            pl = self.l3.pipeline  # type: ignore[union-attr]
+            real = pl.flush_pending_writes
+
+            def flush() -> None:
+                pl.pending.reverse()
+                real()
+
+            pl.flush_pending_writes = flush
+
+    def lifo(c: Any) -> _Lifo:
+        return _Lifo(page_size=c.page_size, device_pages=c.device_pages,
+                     host_pages=c.host_pages, write_policy=c.write_policy,
+                     eviction_policy=c.eviction_policy, l3=c.l3,
+                     host_memory_mode=c.host_memory_mode)  # fmt: skip
+
+    combo = run_l3.L3Combo("write_through", "lru", 1, host_pages=8, threshold_pages=2,
+                           host_memory_mode="buffer_only")  # fmt: skip
+    found = [run_l3.run_l3_sequence(combo, s, 80, run_l3.ours_l3, lifo) for s in range(8)]
+    assert any(found), "a LIFO staging queue went unnoticed"
+
+
+@pytest.mark.skipif(
+    not (REAL_VENV / ".ready-0.5.23").exists(),
+    reason="needs .venv-conformance-0.5.23 (make conformance SGLANG_VERSION=0.5.23)",
+)
+def test_buffer_sequences_equal_the_real_class(tmp_path: Path) -> None:
+    """A short slice of ``make conformance``'s buffer_only run: the real ``UnifiedRadixCache``
+    with its ``BufferModePipeline`` (both TreeCores) beside ours, compared after every step."""
+    import subprocess
+
+    out = subprocess.run(
+        [str(REAL_VENV / "bin/python"), "-m", "conformance.v0523.run", "--buffer-only",
+         "--cores", "python,rust", "--sequences", "1", "--steps", "60", "--page-sizes", "1",
+         "--evictions", "lru", "--out", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert out.stdout.count(" 0 mismatching") == 2

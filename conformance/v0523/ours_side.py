@@ -15,6 +15,7 @@ from hicache.policy import ManualController, PageAllocator
 from hicache.policy.radix import to_page_key
 from hicache.policy.storage import PageHasher, PageStore
 from hicache.policy.v0523 import UnifiedRadixCache, UNode
+from hicache.policy.v0523.buffer_l3 import BufferStorageAttachment
 from hicache.policy.v0523.l3 import StorageAttachment, prefetch_kvcache
 from hicache.policy.v0523.l3_controller import StorageController0523
 
@@ -65,9 +66,11 @@ class OursUnifiedCache:
         eviction_policy_config: dict[str, Any] | None = None,
         fast_victims: bool = True,
         l3: dict[str, Any] | None = None,
+        host_memory_mode: str = "cache",
     ) -> None:
         """``l3``: attach the storage tier (keys ``prefetch_policy``, ``threshold``,
-        ``batch_pages``, ``timeout_base``, ``timeout_per_ki_token``)."""
+        ``batch_pages``, ``timeout_base``, ``timeout_per_ki_token``); ``host_memory_mode``
+        ``buffer_only``: the buffer-mode attachment (``buffer_l3.BufferStorageAttachment``)."""
         self.page_size = page_size
         self.device = PageAllocator(device_pages, page_size, name="device")
         self.host = PageAllocator(host_pages, page_size, name="host") if host_pages else None
@@ -78,6 +81,7 @@ class OursUnifiedCache:
             eviction_policy=eviction_policy,
             eviction_policy_config=eviction_policy_config,
             fast_victims=fast_victims,
+            host_memory_mode=host_memory_mode,
         )
         self._locks: dict[int, UNode] = {}
         self._next_lock = 0
@@ -92,15 +96,20 @@ class OursUnifiedCache:
                 hasher=self.hasher,
                 batch_pages=l3["batch_pages"],
             )
-            self.l3 = StorageAttachment(
-                self.cache,
-                sc,
+            kw: dict[str, Any] = dict(
                 prefetch_policy=l3["prefetch_policy"],
                 prefetch_threshold=l3["threshold"],
                 timeout_base=l3["timeout_base"],
                 timeout_per_ki_token=l3["timeout_per_ki_token"],
             )
+            if host_memory_mode == "buffer_only":
+                self.l3 = BufferStorageAttachment(
+                    self.cache, sc, device_tokens=device_pages * page_size, **kw
+                )
+            else:
+                self.l3 = StorageAttachment(self.cache, sc, **kw)
             self.cache.storage = self.l3
+        self._plans: dict[str, Any] = {}
 
     # -- helpers ---------------------------------------------------------------------------
     def path(self, node: UNode) -> Path:
@@ -279,6 +288,118 @@ class OursUnifiedCache:
         key = to_page_key(tokens[: len(tokens) - len(tokens) % self.page_size], self.page_size)
         self.l3.ctrl.store.set(self.hasher.chain(0, key))
 
+    # -- buffer_only admission -----------------------------------------------------------
+    def prepare_staged(self, rid: str, m: dict[str, Any]) -> dict[str, Any]:
+        """``BufferModePipeline.prepare_staged_prefetch`` on the request's match ``m``: whether
+        it may go on (``ready``), its device prefix after it (pages, node) and its host hit
+        (the staged tokens past that prefix; 0 = nothing to load)."""
+        a = self.l3
+        assert isinstance(a, BufferStorageAttachment)
+        ps = self.page_size
+        plan = a.prepare_staged(rid, len(m["device_pages"]) * ps)
+        self._plans.pop(rid, None)
+        if plan is False:
+            return {"ready": False}
+        if plan is None:
+            return {"ready": True, "device_pages": list(m["device_pages"]),
+                    "last_device": m["last_device"], "host_hit": 0}  # fmt: skip
+        assert not isinstance(plan, bool)
+        self._plans[rid] = (plan, m["best"])
+        pages = self.cache.tree.path_device_pages(plan.node, self.cache.root)
+        return {
+            "ready": True,
+            "device_pages": pages[: plan.device_prefix_len // ps],
+            "last_device": self.path(plan.node),
+            "host_hit": plan.full_tokens,
+        }
+
+    def defer_staged(self, rid: str) -> None:
+        """``defer_staged_admission`` (an idle admission budget refused the request)."""
+        a = self.l3
+        assert isinstance(a, BufferStorageAttachment)
+        if self._plans.pop(rid, None) is not None:
+            a.defer_staged(rid)
+
+    def staged_load_back(self, rid: str) -> tuple[list[int], Path] | None:
+        """``add_one_req``'s load-back of a planned request: under the admission's locks
+        (``_lock_node(req.last_node)`` around ``_lock_node(best_match_node, lock_host=True)``),
+        ``init_load_back``; None: deferred (``AddReqResult.OTHER``)."""
+        a = self.l3
+        assert isinstance(a, BufferStorageAttachment)
+        plan, best_path = self._plans.pop(rid)
+        tree = self.cache.tree
+        outer = plan.node
+        best = self.node_at(best_path)
+        tree.inc_lock_ref(outer)
+        uuid = tree.inc_host_lock_ref(best)
+        tree.inc_lock_ref(best)
+        try:
+            got = a.init_load_back_staged(rid, plan)
+        finally:
+            tree.dec_lock_ref(best)
+            tree.dec_host_lock_ref(best, uuid)
+            tree.dec_lock_ref(outer)
+        if got is None:
+            return None
+        n, node = got
+        pages = tree.path_device_pages(node, self.cache.root)
+        return pages[len(pages) - n // self.page_size :], self.path(node)
+
+    def _key_prefix(self, k: Any) -> Any:
+        return self.hasher.prefix.get(k, "?")
+
+    def buffer_state(self) -> dict[str, Any]:
+        a = self.l3
+        assert isinstance(a, BufferStorageAttachment)
+        pl, kp = a.pipeline, self._key_prefix
+        live = self.cache.tree.nodes
+
+        def p(node: UNode) -> Path | None:
+            return self.path(node) if live.get(node.id) is node else None
+
+        def launched(e: Any) -> tuple[Any, ...]:
+            return (p(e.intent.node), e.host_pages, e.units, [kp(k) for k in e.intent.keys])
+
+        return {
+            "pending_writes": [
+                (p(s.node), s.key_len * self.page_size, len(s.keys), p(s.parent))
+                for s in pl.pending
+            ],
+            "inflight_nodes": sorted(self.path(live[i]) for i in pl.inflight if i in live),
+            "inflight_gone": sum(1 for i in pl.inflight if i not in live),
+            "backlog_tokens": pl.write_backlog_tokens,
+            "staged_write_tokens": pl.write_staged_tokens,
+            "d2h": sorted((ack, *launched(e)) for ack, e in pl.ongoing_write_through.items()),
+            "storage_writes": sorted((launched(e) for e in pl.ongoing_backup.values()), key=repr),
+            "believed": [kp(k) for k in pl.beliefs.entries],
+            "believed_inflight": sorted((kp(k), n) for k, n in pl.beliefs.inflight.items()),
+            "parked": [op.rid for op in a.pending_hit_allocs],
+            "prefix_ctx": sorted((r, len(k) * self.page_size) for r, k in a.prefix_ctx.items()),
+            "staged": sorted(
+                (
+                    r,
+                    f.matched_len,
+                    f.num_tokens,
+                    f.occupied,
+                    f.host_pages,
+                    [kp(k) for k in f.hash_values],
+                )
+                for r, f in a.staged.items()
+            ),
+            "defers": sorted(a.staged_defers.items()),
+            "load_backs": sorted(
+                (lb.rid, lb.num_tokens, lb.occupied, lb.host_pages, lb.device_pages)
+                for lb in a.ongoing_load_back.values()
+            ),
+            "anchor_locks": sorted((r, self.path(n), t) for r, (n, t) in a.anchor_locks.items()),
+            "anchor_locked_tokens": a.anchor_locked_tokens,
+        }
+
+    def _live_path(self, node: UNode) -> Path | None:
+        """The node's path, None once it left the tree (as a stale node id reads on the
+        SGLang side: a buffer-mode anchor holds no lock and may be evicted)."""
+        return self.path(node) if self.cache.tree.nodes.get(node.id) is node else None
+
     def l3_state(self) -> dict[str, Any]:
         a = self.l3
         assert a is not None
@@ -290,7 +411,7 @@ class OursUnifiedCache:
             "ongoing_prefetch": sorted(
                 (
                     rid,
-                    self.path(i.anchor),
+                    self._live_path(i.anchor),
                     i.tokens,
                     i.host_pages,
                     i.op.completed_tokens,
@@ -379,6 +500,8 @@ class OursUnifiedCache:
 
         ctrl = self.ctrl
         out: dict[str, Any] = {} if self.l3 is None else {"l3": self.l3_state()}
+        if isinstance(self.l3, BufferStorageAttachment):
+            out["buffer"] = self.buffer_state()
         return out | {
             "nodes": nodes,
             "root_lock_ref": self.cache.root.lock_ref,

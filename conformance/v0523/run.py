@@ -191,13 +191,18 @@ class Driver:
         priority: int,
         chunk: bool,
         m: dict[str, Any] | None = None,
+        load_back: tuple[list[int], Any] | None = None,
     ) -> Any:
-        """One request from its match (``m``: the match the admission loop already made)."""
+        """One request from its match (``m``: the match the admission loop already made;
+        ``load_back``: the (pages, node) its admission's ``init_load_back`` already gave)."""
         s, ps = self.side, self.ps
         limit = len(prompt) - 1
         if m is None:
             m = s.match(prompt, limit)
-        loaded, node = s.init_load_back(prompt, limit)
+        if load_back is None:
+            loaded, node = s.init_load_back(prompt, limit)
+        else:
+            loaded, node = load_back
         lk = s.lock(node)
         prefix = list(m["device_pages"]) + list(loaded)
         full = prompt + output
@@ -364,8 +369,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--self-test", action="store_true", help="our core on both sides")
     ap.add_argument("--out", default="runs/conformance-0.5.23")
     ap.add_argument("--l3", action="store_true", help="L3 sequences (run_l3)")
+    ap.add_argument(
+        "--buffer-only",
+        action="store_true",
+        help="L3 sequences with --hicache-host-memory-mode buffer_only (run_l3.BufferDriver)",
+    )
     args = ap.parse_args(argv)
-    if args.l3:
+    if args.l3 or args.buffer_only:
         return _main_l3(args)
     cs = combos(
         [int(p) for p in args.page_sizes.split(",")],
@@ -408,11 +418,12 @@ def _run_cores(
     one: Callable[..., dict[str, Any] | None],
     label: str,
     report_name: str,
+    extra: dict[str, Any] | None = None,
 ) -> int:
     """``args.sequences`` sequences per combination against each side of ``rights``; prints
     each mismatch, the coverage and the totals, writes ``report_name`` under ``args.out``;
     1 if any sequence mismatched."""
-    report: dict[str, Any] = {"totals": {}, "mismatches": []}
+    report: dict[str, Any] = {"totals": {}, "mismatches": [], **(extra or {})}
     for core, right in rights.items():
         n = 0
         t0 = time.process_time()
@@ -423,7 +434,11 @@ def _run_cores(
                 seed = hash((args.seed, ci, k)) & 0xFFFFFFFF
                 res = one(combo, seed, args.steps, right, view, cov)
                 n += 1
-                if res:
+                if res and res.get("explained"):
+                    res["core"] = core
+                    report.setdefault("explained", []).append(res)
+                    print(f"explained ({res['explained']}) [{core}] {res['combo']} seed={seed}")
+                elif res:
                     res["core"] = core
                     report["mismatches"].append(res)
                     print(
@@ -432,17 +447,19 @@ def _run_cores(
                         flush=True,
                     )
         mism = sum(1 for m in report["mismatches"] if m["core"] == core)
+        expl = sum(1 for m in report.get("explained", []) if m["core"] == core)
         report["totals"][core] = {
             "sequences": n,
             "steps": n * args.steps,
             "mismatches": mism,
+            "explained": expl,
             "cpu_s": round(time.process_time() - t0, 1),
             "coverage": dict(cov),
         }
         print(f"[{core}] {label}exercised: {dict(cov)}", flush=True)
         print(
             f"[{core}] {label}{n} sequences x {args.steps} steps over {len(cs)} combinations: "
-            f"{mism} mismatching",
+            f"{mism} mismatching, {expl} explained",
             flush=True,
         )
     out = Path(args.out)
@@ -454,7 +471,8 @@ def _run_cores(
 def _main_l3(args: argparse.Namespace) -> int:
     from conformance.v0523 import run_l3
 
-    cs = run_l3.l3_combos(
+    make = run_l3.buffer_combos if args.buffer_only else run_l3.l3_combos
+    cs = make(
         [int(p) for p in args.page_sizes.split(",")],
         args.policies.split(","),
         args.evictions.split(","),
@@ -469,6 +487,11 @@ def _main_l3(args: argparse.Namespace) -> int:
     ) -> dict[str, Any] | None:
         return run_l3.run_l3_sequence(combo, seed, steps, run_l3.ours_l3, right, view, cov)
 
+    if args.buffer_only:
+        from conformance.v0523.known_differences import BUFFER_KNOWN_DIFFERENCES
+
+        kds = {"known_differences": [k.as_dict() for k in BUFFER_KNOWN_DIFFERENCES]}
+        return _run_cores(args, cs, rights, one, "buffer_only: ", "conformance-buffer.json", kds)
     return _run_cores(args, cs, rights, one, "L3: ", "conformance-l3.json")
 
 

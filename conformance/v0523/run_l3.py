@@ -56,6 +56,8 @@ class L3Combo(Combo):
     prefetch_policy: str = "best_effort"
     threshold_pages: int = 2
     host_pages: int = 96
+    #: ``--hicache-host-memory-mode``: ``cache`` or ``buffer_only``
+    host_memory_mode: str = "cache"
 
     @property
     def l3(self) -> dict[str, Any]:
@@ -68,7 +70,8 @@ class L3Combo(Combo):
         }
 
     def label(self) -> str:
-        return f"L3/{super().label()}/{self.prefetch_policy}/t{self.threshold_pages}"
+        mode = "BUF" if self.host_memory_mode == "buffer_only" else "L3"
+        return f"{mode}/{super().label()}/{self.prefetch_policy}/t{self.threshold_pages}"
 
 
 @dataclass
@@ -128,6 +131,70 @@ class L3Sequence(Sequence):
         return out
 
 
+class BufferSequence(L3Sequence):
+    """The L3 steps re-weighted for buffer_only: prompts recur (a storage hit needs a prefix
+    that was backed up, then evicted from the device), the storage threads and the event
+    polls run more often (a staged load needs its query, its hit allocation, its reads and
+    its completion ack before the admission), so that staged loads are frequent."""
+
+    def __init__(self, combo: Combo, seed: int, steps: int) -> None:
+        super().__init__(combo, seed, steps)
+        self.seen: list[list[int]] = []
+
+    def prompt(self) -> list[int]:
+        r = self.rng
+        if self.seen and r.random() < 0.5:
+            base = r.choice(self.seen)
+            if r.random() < 0.5:
+                return list(base)
+            return list(base[: r.randrange(1, len(base) + 1)]) + self.tokens(r.randrange(1, 3))
+        p = self.tokens(r.randrange(1, 8))
+        self.seen.append(p)
+        return p
+
+    def ops(self) -> list[tuple[Any, ...]]:
+        r = self.rng
+        out: list[tuple[Any, ...]] = []
+        ps = self.combo.page_size
+        for _ in range(self.steps):
+            x = r.random()
+            if x < 0.15:
+                prompt = self.prompt()
+                output = [r.randrange(1, 4) for _ in range(r.randrange(0, 3 * ps))]
+                out.append(("arrive", prompt, output, r.randrange(0, 3), r.random() < 0.25))
+            elif x < 0.31:
+                out.append(("admit", r.randrange(8), r.random() < 0.1))
+            elif x < 0.32:
+                out.append(("abort", r.randrange(8)))
+            elif x < 0.40:
+                out.append(("events",))
+            elif x < 0.48:
+                out.append(("pump", r.randrange(1, 5)))
+            elif x < 0.54:
+                out.append(("query",))
+            elif x < 0.63:
+                out.append(("read",))
+            elif x < 0.70:
+                out.append(("backup",))
+            elif x < 0.72:
+                out.append(("put", self.prompt()))
+            elif x < 0.76:
+                out.append(("tick", r.choice(TICKS)))
+            elif x < 0.85:
+                out.append(("finish_writes", r.choice([1, 2, None])))
+            elif x < 0.89:
+                out.append(("finish_loads", r.choice([1, None])))
+            elif x < 0.92:
+                out.append(("hold", self.tokens(r.randrange(1, 4))))
+            elif x < 0.94:
+                out.append(("release", r.randrange(8)))
+            elif x < 0.99:
+                out.append(("evict", r.randrange(4, 24) * ps))
+            else:
+                out.append(("evict_host", r.randrange(1, 12) * ps))
+        return out
+
+
 class L3Driver(Driver):
     """:class:`~conformance.v0523.run.Driver` plus the scheduler's storage-tier steps."""
 
@@ -177,6 +244,14 @@ class L3Driver(Driver):
         if kind == "put":
             s.l3_put(op[1])
             return None
+        if kind == "pump":
+            # the storage threads and the scheduler's polls in a burst: a query, the drain
+            # (the hit's allocation), ``op[1]`` reads, the drain (the completion ack)
+            out = [s.query_step()]
+            s.check_hicache_events()
+            out += [s.read_step() for _ in range(op[1])]
+            s.check_hicache_events()
+            return out
         if kind == "tick":
             self.now += op[1]
             return self.now
@@ -215,7 +290,84 @@ class L3Driver(Driver):
         return {"span": span, "served": res}
 
 
+class BufferDriver(L3Driver):
+    """:class:`L3Driver` with the buffer_only admission (``managers/scheduler.py:4239-4270``,
+    ``schedule_policy.add_one_req``): after the storage checks and the match,
+    ``prepare_staged_prefetch`` (False: the staged span's device prefix shrank, the request
+    stays for a re-fetch); a refused admission (a full, idle budget) defers the staged hold
+    (``defer_staged_admission``); a planned request's ``init_load_back`` loads the staged span
+    onto its device prefix (None: deferred, the request stays), then the L1/L2 ``serve``
+    with that prefix and the loaded pages."""
+
+    def admit(self, index: int, refused: bool = False) -> Any:
+        if not self.waiting:
+            return None
+        s, c = self.side, self.counts
+        w = self.waiting[index % len(self.waiting)]
+        if not s.check_prefetch(w.rid, self.now):
+            c["admit_pending"] += 1
+            return "pending"
+        span = s.pop_span(w.rid)
+        c["admitted_with_l3_tokens"] += span[0]
+        m = s.match(w.prompt, len(w.prompt) - 1)
+        current = len(m["device_pages"]) * self.ps + m["host_hit"]
+        if w.last_match_len and current < w.last_match_len:
+            if w.storage_prefetch_retry_attempts >= RETRY_MAX_ATTEMPTS:
+                w.last_match_len = current
+            else:
+                w.storage_prefetch_retry_attempts += 1
+                c["device_hit_loss_requery"] += 1
+                return {"span": span, "requery": self._prefetch(w)}
+        prep = s.prepare_staged(w.rid, m)
+        if not prep["ready"]:
+            c["staged_shrunk"] += 1
+            return {"span": span, "prep": prep}
+        if refused:
+            c["admission_refused"] += 1
+            c["staged_refused"] += prep["host_hit"] > 0
+            s.defer_staged(w.rid)
+            return {"span": span, "prep": prep, "refused": True}
+        if prep["host_hit"] > 0:
+            lb = s.staged_load_back(w.rid)
+            if lb is None:
+                c["staged_deferred"] += 1
+                return {"span": span, "prep": prep, "deferred": True}
+            c["staged_loaded"] += 1
+            c["staged_loaded_tokens"] += len(lb[0]) * self.ps
+        else:
+            lb = ([], prep["last_device"])
+        m2 = {**m, "device_pages": prep["device_pages"], "last_device": prep["last_device"]}
+        res = self.serve(w.prompt, w.output, w.priority, w.chunk, m2, lb)
+        s.finish_admission(w.rid)
+        s.cancel_retry(w.rid)
+        self.waiting.remove(w)
+        return {"span": span, "prep": prep, "served": res}
+
+
 Factory = Callable[[L3Combo], Any]
+
+
+def buffer_combos(
+    page_sizes: list[int], policies: list[str], evictions: list[str]
+) -> list[L3Combo]:
+    """The L3 combinations in buffer_only mode: host pools are staging only (96 roomy,
+    16 and 8 pages under pressure, so staging and loads contend and writes wait)."""
+    return [
+        L3Combo(
+            w,
+            e,
+            p,
+            host_pages=h,
+            prefetch_policy=pp,
+            threshold_pages=t,
+            host_memory_mode="buffer_only",
+        )
+        for w in policies
+        for e in evictions
+        for p in page_sizes
+        for pp in PREFETCH_POLICIES
+        for h, t in ((96, 2), (16, 2), (8, 3))
+    ]
 
 
 def l3_combos(page_sizes: list[int], policies: list[str], evictions: list[str]) -> list[L3Combo]:
@@ -238,6 +390,7 @@ def ours_l3(combo: L3Combo) -> OursUnifiedCache:
         eviction_policy=combo.eviction_policy,
         eviction_policy_config=combo.eviction_config,
         l3=combo.l3,
+        host_memory_mode=combo.host_memory_mode,
     )
 
 
@@ -250,10 +403,15 @@ def run_l3_sequence(
     view: Callable[[dict[str, Any]], dict[str, Any]] = canonical,
     coverage: Any = None,
 ) -> dict[str, Any] | None:
-    ops = L3Sequence(combo, seed, steps).ops()
-    a, b = L3Driver(left(combo), combo.page_size), L3Driver(right(combo), combo.page_size)
+    buffer = combo.host_memory_mode == "buffer_only"
+    ops = (BufferSequence if buffer else L3Sequence)(combo, seed, steps).ops()
+    cls: type[L3Driver] = BufferDriver if buffer else L3Driver
+    a, b = cls(left(combo), combo.page_size), cls(right(combo), combo.page_size)
     try:
         res = compare_steps(combo, seed, ops, a, b, view)
+        flags = getattr(a.side, "flags", set()) | getattr(b.side, "flags", set())
+        if res is not None and "stale_op_bounce_revoked" in flags:
+            res["explained"] = "KD-BUF-STALE-OP"
         if res is None and coverage is not None:
             coverage.update(a.side.coverage())
             coverage.update(a.counts)
@@ -268,16 +426,25 @@ def run_l3_sequence(
 def real_factory(core: str) -> Factory:
     from conformance.v0523.sglang_l3 import RealUnifiedCacheL3
 
-    return lambda c: RealUnifiedCacheL3(
-        page_size=c.page_size,
-        device_pages=c.device_pages,
-        host_pages=c.host_pages,
-        write_policy=c.write_policy,
-        eviction_policy=c.eviction_policy,
-        eviction_policy_config=c.eviction_config,
-        core=core,
-        l3=c.l3,
-    )
+    def make(c: L3Combo) -> Any:
+        write_policy = c.write_policy
+        if c.host_memory_mode == "buffer_only" and write_policy == "write_back":
+            # the launch resolves it (arg_groups/hicache_hook.py:279-289); ours resolves it
+            # in the core
+            write_policy = "write_through"
+        return RealUnifiedCacheL3(
+            page_size=c.page_size,
+            device_pages=c.device_pages,
+            host_pages=c.host_pages,
+            write_policy=write_policy,
+            eviction_policy=c.eviction_policy,
+            eviction_policy_config=c.eviction_config,
+            core=core,
+            l3=c.l3,
+            host_memory_mode=c.host_memory_mode,
+        )
+
+    return make
 
 
 def random_seed(base: int, ci: int, k: int) -> int:

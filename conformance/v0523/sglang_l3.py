@@ -40,9 +40,10 @@ import torch  # noqa: E402
 from sglang.srt.managers import cache_controller as _cc  # noqa: E402
 from sglang.srt.mem_cache.base_prefix_cache import (  # noqa: E402
     CacheRequestHandle,
+    InitLoadBackParams,
     MatchPrefixParams,
 )
-from sglang.srt.mem_cache.hicache_storage import HiCacheStorageExtraInfo  # noqa: E402
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorageExtraInfo, PoolName  # noqa: E402
 from sglang.srt.mem_cache.pool_host import mha as _mha_host  # noqa: E402
 from sglang.srt.mem_cache.radix_cache import RadixKey  # noqa: E402
 from sglang.srt.mem_cache.utils import get_storage_hash_str  # noqa: E402
@@ -143,7 +144,12 @@ class RealUnifiedCacheL3(RealUnifiedCache):
     """The real cache with L3 (see the module docstring). ``l3``: ``prefetch_policy``,
     ``threshold`` (tokens), ``batch_pages``, ``timeout_base``, ``timeout_per_ki_token``."""
 
-    def __init__(self, *, l3: dict[str, Any], **kwargs: Any) -> None:
+    def __init__(
+        self, *, l3: dict[str, Any], host_memory_mode: str = "cache", **kwargs: Any
+    ) -> None:
+        """``host_memory_mode`` ``buffer_only``: ``--hicache-host-memory-mode buffer_only``
+        (the real ``BufferModePipeline``; the caller passes the write policy the launch
+        resolves, write_back -> write_through)."""
         self.dir = tempfile.mkdtemp(prefix="hicache-l3-")
         extra = {
             "prefetch_threshold": l3["threshold"],
@@ -156,6 +162,7 @@ class RealUnifiedCacheL3(RealUnifiedCache):
                 "hicache_storage_backend": "file",
                 "hicache_storage_prefetch_policy": l3["prefetch_policy"],
                 "hicache_storage_backend_extra_config": json.dumps(extra),
+                "hicache_host_memory_mode": host_memory_mode,
             },
             **kwargs,
         )
@@ -165,6 +172,26 @@ class RealUnifiedCacheL3(RealUnifiedCache):
         self._suffix = self.backend.config_suffix
         self._read: _Read | None = None
         self._backup: _Backup | None = None
+        self.bp = self.cache.buffer_pipeline
+        assert (self.bp is not None) == (host_memory_mode == "buffer_only")
+        #: storage key (hex) -> its token prefix, for the buffer state's beliefs
+        self._key_prefix: dict[str, tuple[int, ...]] = {}
+        self._reqs: dict[str, Any] = {}
+        #: SGLang-side situations a known difference explains (KD-BUF-STALE-OP)
+        self.flags: set[str] = set()
+        if self.bp is not None:
+            real_revoke = self.cache.revoke_pending_prefetch
+
+            def revoke(request: Any) -> None:
+                try:
+                    real_revoke(request)
+                except AssertionError:
+                    # unified_radix_cache.py:3005: a revoked request whose current info
+                    # holds a bounce allocated for an earlier, revoked operation
+                    self.flags.add("stale_op_bounce_revoked")
+                    raise
+
+            self.cache.revoke_pending_prefetch = revoke
         CLOCK.now = 0.0
 
     def close(self) -> None:
@@ -191,7 +218,16 @@ class RealUnifiedCacheL3(RealUnifiedCache):
         matched = int(r.device_prefix_len) + int(r.host_hit_length)
         anchor = r.last_host_node
         _, paths = self._tree()
-        if cache.is_backuped(anchor) or cache.is_root(anchor):
+        buffer = self.bp is not None
+        if buffer:
+            self._register_keys(tokens[:limit])
+            if cache.is_root(anchor) and not cache.is_root(r.last_device_node):
+                anchor = r.last_device_node  # scheduler.py:3346-3358
+        if (
+            cache.is_backuped(anchor)
+            or cache.is_root(anchor)
+            or (buffer and cache.get_last_hash_value(anchor) is not None)
+        ):
             cache.prefetch_from_storage(
                 self._h(rid),
                 anchor,
@@ -319,8 +355,177 @@ class RealUnifiedCacheL3(RealUnifiedCache):
         if not aligned:
             return
         keys = get_storage_hash_str(RadixKey(array("q", aligned)), None, page_size=ps)
+        self._register_keys(aligned)
         pages = [self.host_pool.get_dummy_flat_data_page() for _ in keys]
         assert self.backend.batch_set(keys, pages)
+
+    # ------------------------------------------------------------ buffer_only admission --
+    def _register_keys(self, tokens: list[int]) -> None:
+        """Remember the token prefix of each page key of ``tokens`` (root-anchored chain, no
+        namespace: every key the L3 sequences make)."""
+        ps = self.page_size
+        aligned = list(tokens[: len(tokens) - len(tokens) % ps])
+        if not aligned:
+            return
+        keys = get_storage_hash_str(RadixKey(array("q", aligned)), None, page_size=ps)
+        for j, k in enumerate(keys):
+            self._key_prefix.setdefault(k, tuple(aligned[: (j + 1) * ps]))
+
+    def insert(self, tokens: list[int], pages: list[int], **kwargs: Any) -> dict[str, Any]:
+        if self.bp is not None:
+            self._register_keys(tokens)
+        return super().insert(tokens, pages, **kwargs)
+
+    def prepare_staged(self, rid: str, m: dict[str, Any]) -> dict[str, Any]:
+        """The admission loop's ``buffer_pipeline.prepare_staged_prefetch(req)`` on a stand-in
+        ``Req`` holding what ``init_next_round_input`` left (``m``: the match with the
+        ``input_len - 1`` limit); the request is kept for :meth:`staged_load_back`."""
+        bp, ps = self.bp, self.page_size
+        assert bp is not None
+        req = types.SimpleNamespace(
+            rid=rid,
+            cache_request_handle=self._h(rid),
+            prefix_len=len(m["device_pages"]) * ps,
+            last_node=self._id(m["last_device"]),
+            best_match_node=self._id(m["best"]),
+            host_hit_length=int(m["host_hit"]),
+            swa_host_hit_length=0,
+            mamba_host_hit_length=0,
+            auxiliary_swa_host_hit_length=0,
+            host_loaded_length=0,
+            host_hit_is_storage=False,
+            storage_hit_length=0,
+            storage_hit_start=None,
+            staged_prefetch_plan=None,
+            extra_key=None,
+            cache_salt=None,
+            kv=types.SimpleNamespace(cache_protected_len=0, mamba_pool_idx=None),
+        )
+        self._reqs.pop(rid, None)
+        if not bp.prepare_staged_prefetch(req):
+            return {"ready": False}
+        pages = self._pages(self.cache.prefix_device_indices(req)) or []
+        if req.staged_prefetch_plan is not None:
+            self._reqs[rid] = req
+        _, paths = self._tree()
+        return {
+            "ready": True,
+            "device_pages": pages,
+            "last_device": paths[int(req.last_node)],
+            "host_hit": int(req.host_hit_length),
+        }
+
+    def defer_staged(self, rid: str) -> None:
+        """``_defer_staged_for_capacity_if_idle`` -> ``defer_staged_admission(req, pool)``."""
+        assert self.bp is not None
+        req = self._reqs.pop(rid, None)
+        if req is not None:
+            self.bp.defer_staged_admission(req, "prefill_budget")
+
+    def staged_load_back(self, rid: str) -> tuple[list[int], Any] | None:
+        """``add_one_req``: under ``_lock_node(req.last_node)``, ``needs_host_load_back`` ->
+        under ``_lock_node(req.best_match_node, lock_host=True)`` ``init_load_back(
+        InitLoadBackParams(best_match_node, host_hit_length, req=req))``; None: deferred."""
+        cache = self.cache
+        req = self._reqs.pop(rid)
+        key_tokens = [int(t) for t in req.staged_prefetch_plan.key.token_ids]
+        outer = cache.lock(req.last_node)
+        try:
+            best = req.best_match_node
+            host_lock = cache.inc_host_lock_ref(best).to_dec_params()
+            try:
+                inner = cache.lock(best)
+                try:
+                    loaded = cache.init_load_back(
+                        InitLoadBackParams(
+                            best_match_node=best,
+                            host_hit_length=int(req.host_hit_length),
+                            req=req,
+                        )
+                    )
+                finally:
+                    cache.unlock(inner)
+            finally:
+                cache.dec_host_lock_ref(best, host_lock)
+        finally:
+            cache.unlock(outer)
+        if loaded is None:
+            return None
+        n, node = loaded
+        path = cache.path_device_indices(node)
+        pages = self._pages(path) or []
+        ps = self.page_size
+        loaded_pages = pages[len(pages) - int(n) // ps :]
+        # the loaded pages' token paths (the Rust core's nodes are read back through them)
+        for j, page in enumerate(pages):
+            self._dev_path[page] = tuple(key_tokens[: (j + 1) * ps])
+        return loaded_pages, self._path(node)
+
+    def buffer_state(self) -> dict[str, Any]:
+        bp = self.bp
+        assert bp is not None
+        _, paths = self._tree()
+        beliefs = self.cache.storage_existence_cache.pool(PoolName.KV)
+
+        def kp(k: str) -> Any:
+            return self._key_prefix.get(k, "?")
+
+        def p(nid: Any) -> Any:
+            return paths.get(int(nid))
+
+        def launched(e: Any) -> tuple[Any, ...]:
+            keys = e.keys_by_pool.get(PoolName.KV, [])
+            return (p(e.intent.snapshot.node_id), self._pages_of(e.host_indices),
+                    int(e.occupied_units), [kp(k) for k in keys])  # fmt: skip
+
+        inflight = list(bp.inflight_backup_pools)
+        return {
+            "pending_writes": [
+                (
+                    p(i.snapshot.node_id),
+                    len(i.snapshot.key),
+                    len(i.keys),
+                    p(i.snapshot.parent_node_id),
+                )
+                for i in bp.pending_write_queue
+            ],
+            "inflight_nodes": sorted(p(n) for n in inflight if p(n) is not None),
+            "inflight_gone": sum(1 for n in inflight if p(n) is None),
+            "backlog_tokens": int(bp.write_backlog_tokens_),
+            "staged_write_tokens": int(bp.write_staged_tokens_),
+            "d2h": sorted((int(a), *launched(e)) for a, e in bp.ongoing_write_through.items()),
+            "storage_writes": sorted((launched(e) for e in bp.ongoing_backup.values()), key=repr),
+            "believed": [kp(k) for k in beliefs._entries],
+            "believed_inflight": sorted((kp(k), int(n)) for k, n in beliefs._inflight.items()),
+            "parked": [op.request_id for op in bp.pending_hit_allocs],
+            "prefix_ctx": sorted((h.rid, len(c[0])) for h, c in bp._prefetch_prefix_ctx.items()),
+            "staged": sorted(
+                (
+                    h.rid,
+                    int(f.matched_len),
+                    int(f.num_tokens),
+                    int(f.occupied_tokens),
+                    self._pages_of(f.host_indices),
+                    [kp(k) for k in f.hash_values],
+                )
+                for h, f in bp.staged_prefetches.items()
+            ),
+            "defers": sorted((h.rid, int(n)) for h, n in bp._staged_admission_defers.items()),
+            "load_backs": sorted(
+                (
+                    lb.request.rid,
+                    int(lb.num_tokens),
+                    int(lb.occupied_tokens),
+                    self._pages_of(lb.host_indices),
+                    self._pages_of(lb.device_indices),
+                )
+                for lb in bp.ongoing_buffer_load_back.values()
+            ),
+            "anchor_locks": sorted(
+                (h.rid, p(lk.node_id), int(lk.tokens)) for h, lk in bp.anchor_locks.items()
+            ),
+            "anchor_locked_tokens": int(bp.anchor_locked_tokens_),
+        }
 
     # ------------------------------------------------------------------------- state --
     def _pages_of(self, slots: Any) -> list[int] | None:
@@ -398,4 +603,7 @@ class RealUnifiedCacheL3(RealUnifiedCache):
         }
 
     def snapshot(self) -> dict[str, Any]:
-        return {**super().snapshot(), "l3": self.l3_state()}
+        out = {**super().snapshot(), "l3": self.l3_state()}
+        if self.bp is not None:
+            out["buffer"] = self.buffer_state()
+        return out

@@ -325,7 +325,7 @@ class BufferStorageAttachment(StorageAttachment):
         if self.staged_span_covered(rid, op.storage_hit_count):
             self.revoke_pending_prefetch(rid)
             return True
-        hit = self._trim_head(rid, op, full_match)
+        hit = self._trim_head(rid, op, info, full_match)
         return self._allocate_and_queue(op, info, hit)
 
     def match_full_device_prefix(self, key: tuple[Hashable, ...]) -> tuple[int, UNode, int]:
@@ -374,8 +374,9 @@ class BufferStorageAttachment(StorageAttachment):
         m = self.cache.match_prefix(key)
         return len(m.device_pages) >= len(key)
 
-    def _trim_head(self, rid: Hashable, op: PrefetchOp0523, full_match: int) -> int:
-        """``_trim_buffer_prefetch_full_head``: drop the hit's pages now on device."""
+    def _trim_head(self, rid: Hashable, op: PrefetchOp0523, info: _Ongoing, full_match: int) -> int:
+        """``_trim_buffer_prefetch_full_head``: drop the hit's pages now on device (the
+        prefetch key loses them too, unified_radix_cache.py:2978-2987)."""
         hit = op.storage_hit_count
         trim = min(hit, max(0, full_match - op.storage_start))
         if trim == 0:
@@ -387,6 +388,7 @@ class BufferStorageAttachment(StorageAttachment):
         op.hit_pages = len(op.hit_keys)
         op.storage_hit_count -= trim
         op.storage_start += trim
+        info.tokens -= trim
         return hit - trim
 
     def _allocate_and_queue(self, op: PrefetchOp0523, info: _Ongoing, hit: int) -> bool:
