@@ -19,7 +19,7 @@ from cli.errors import input_and_os_errors
 def register(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``advise`` command to an argparse sub-parsers object."""
     from cli.config import add_config_options
-    from cli.run import add_max_requests
+    from cli.inputs import add_max_requests
 
     p: argparse.ArgumentParser = subparsers.add_parser(
         "advise",
@@ -47,7 +47,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 def _cmd_advise(args: argparse.Namespace) -> int:
     from cli.config import resolve_config
-    from cli.run import _load_trace, max_requests_override
+    from cli.inputs import load_trace, max_requests_override
     from studies.advise import advise
     from studies.advise_html import advice_html, advice_text
     from traces.fsutil import write_json_atomic, write_text_atomic
@@ -56,7 +56,7 @@ def _cmd_advise(args: argparse.Namespace) -> int:
     resolved = resolve_config(args, max_requests_override(args))
     if args.out is not None:
         check_output_dir(args.out, force=args.force, what="advise folder")
-    trace = _load_trace(args.trace, args.lenient)
+    trace = load_trace(args.trace, args.lenient)
     resolved.print_notes()
     advice = advise(resolved.cfg, trace, jobs=args.jobs, timed=not args.no_timed)
     print(advice_text(advice))

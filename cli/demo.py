@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from cli.args import check_output_dir, int_at_least, jobs_arg
-from cli.run import REPO_DATA, _load_trace, _write_csv, format_hitrate_table
+from cli.hitrate import format_hitrate_table
+from cli.inputs import REPO_DATA, load_trace, write_csv
 from hicache.versions import DEFAULT_SGLANG_VERSION, SGLANG_VERSIONS
 
 
@@ -110,7 +111,7 @@ def _demo_run(job: tuple[str, list[str], str, str]) -> dict[str, Any]:
 
     name, overrides, trace_path, out = job
     cfg = load_config(None, overrides)
-    summary = run_simulation(cfg, _load_trace(Path(trace_path)), Path(out), progress=False)
+    summary = run_simulation(cfg, load_trace(Path(trace_path)), Path(out), progress=False)
     return {"setup": name, **summary}
 
 
@@ -118,7 +119,7 @@ def format_comparison(rows: list[dict[str, Any]]) -> str:
     """The timed runs side by side: hit rates (device / host / L3 storage), TTFT, TPOT and
     PCIe traffic; then a line per run with an L3 tier (its store traffic and prefetches) and
     the SGLang 0.5.14 defects a run would hit."""
-    from cli.run import _defects_line, _l3_line
+    from cli.run_output import defects_line, l3_line
 
     head = (
         f"{'setup':>28} {'hit':>7} {'device':>7} {'host':>7} {'L3':>7} {'TTFT mean':>10} "
@@ -135,9 +136,9 @@ def format_comparison(rows: list[dict[str, Any]]) -> str:
             f"{r['bytes_d2h'] / 1e9:>9.0f} {r['bytes_h2d'] / 1e9:>8.0f}"
         )
         if r.get("storage"):
-            line = _l3_line(r["storage"]).removeprefix(f"L3 {r['storage'].get('backend')}: ")
+            line = l3_line(r["storage"]).removeprefix(f"L3 {r['storage'].get('backend')}: ")
             notes.append(f"{r['setup']}: L3 {line}")
-        defects = _defects_line(r)
+        defects = defects_line(r)
         if defects:
             notes.append(f"{r['setup']}: {defects}")
     return "\n".join(lines + notes)
@@ -183,13 +184,13 @@ def _demo_timed(args: argparse.Namespace, trace: Any) -> tuple[list[Path], str, 
     ran = map_local(_demo_run, [jobs[i] for i in order], args.jobs)
     timed = [ran[order.index(i)] for i in range(len(jobs))]
     comparison = format_comparison(timed[:n_main])
-    _write_csv(_csv_rows(timed[:n_main]), args.out / "comparison.csv")
+    write_csv(_csv_rows(timed[:n_main]), args.out / "comparison.csv")
     print(comparison)
     versions = {main: timed[:n_main], other: timed[n_main:]}
     old, new = (versions[v] for v in UPGRADE_PAIR)
     old = [r for r in old if r["setup"] in UPGRADE_SETUPS]
     new = [r for r in new if r["setup"] in UPGRADE_SETUPS]
-    _write_csv(_csv_rows([*old, *new]), args.out / "upgrade.csv")
+    write_csv(_csv_rows([*old, *new]), args.out / "upgrade.csv")
     upgrade = Upgrade(f"What upgrading SGLang {UPGRADE_PAIR[0]} -> {UPGRADE_PAIR[1]} changes",
                       format_upgrade(old, new), upgrade_html(old, new))  # fmt: skip
     print(f"\n{upgrade.title} (timed, the same trace and server)\n{upgrade.text}")
@@ -246,14 +247,14 @@ def _demo_hitrate(
         r["policy"] = r["write_policy"] if r["host_tokens"] else "no host tier"
         if r["storage"]:
             r["policy"] += " + L3 (unlimited)"
-    _write_csv(rows, args.out / "hitrate.csv")
+    write_csv(rows, args.out / "hitrate.csv")
     plot_hitrate(rows, args.out / "hitrate.png", title=f"{args.trace.name} (page {page}, LRU)",
                  series="policy")  # fmt: skip
     for r in [*rows, *twin_rows]:
         r["setup"] = f"{r['write_policy']} @ {r['device_tokens'] / 1e6:g} M device"
     main_rows = [r for r in rows if r["host_tokens"] and not r["storage"]]
     old, new = (main_rows, twin_rows) if main == UPGRADE_PAIR[0] else (twin_rows, main_rows)
-    _write_csv([*old, *new], args.out / "upgrade_cache_only.csv")
+    write_csv([*old, *new], args.out / "upgrade_cache_only.csv")
     upgrade = format_upgrade(old, new), upgrade_html(old, new)
     return rows, format_hitrate_table(rows, inf, len(trace)), upgrade
 
@@ -290,7 +291,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
     check_output_dir(args.out, force=args.force, what="demo folder")
     args.out.mkdir(parents=True, exist_ok=True)
-    trace = _load_trace(args.trace)
+    trace = load_trace(args.trace)
     if args.max_requests:
         trace = replace(trace, requests=trace.requests[: args.max_requests])
     run_dirs, comparison, upgrade = _demo_timed(args, trace)

@@ -29,7 +29,7 @@ DEFAULT_VARIANTS_TEXT = "'no host tier', 'host x2' (cache.hicache_ratio=2), 'hos
 def register(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``plan`` command to an argparse sub-parsers object."""
     from cli.config import add_config_options
-    from cli.run import add_max_requests
+    from cli.inputs import add_max_requests
     from studies.sweep import EXECUTORS
 
     p: argparse.ArgumentParser = subparsers.add_parser(
@@ -107,7 +107,7 @@ def _inputs(args: argparse.Namespace) -> tuple[Any, Any, list[Any], list[Any], A
     """(config, trace, configurations, targets, SLO or None), every one checked;
     ``UserError`` else."""
     from cli.config import resolve_config
-    from cli.run import _load_trace, max_requests_override
+    from cli.inputs import load_trace, max_requests_override
     from studies.plan import (
         DEFAULT_VARIANTS,
         build_configs,
@@ -134,7 +134,7 @@ def _inputs(args: argparse.Namespace) -> tuple[Any, Any, list[Any], list[Any], A
     resolved = resolve_config(args, max_requests_override(args))
     if args.out is not None:
         check_output_dir(args.out, force=args.force, what="plan folder")
-    trace = _load_trace(args.trace, args.lenient)
+    trace = load_trace(args.trace, args.lenient)
     try:
         configs = build_configs(resolved.cfg, trace, variants, routers)
     except ValueError as e:

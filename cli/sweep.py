@@ -132,7 +132,7 @@ def _write_seed_table(df: pd.DataFrame, out: Path) -> str:
     """Write ``out/seeds.csv`` (:func:`studies.sweep.seeds.seed_table`); the table as text:
     per configuration the hit rate and TTFT p90 as median [interval], and the overloaded
     seeds."""
-    from cli.run import _duration
+    from cli.run_output import duration
     from studies.sweep.seeds import interval_note, seed_table
     from traces.fsutil import write_csv_atomic
 
@@ -142,7 +142,7 @@ def _write_seed_table(df: pd.DataFrame, out: Path) -> str:
         return f"no finished seeds: {out / 'seeds.csv'} is empty"
     axes = list(table.columns[: table.columns.get_loc("seeds")])
     shown = table[axes].copy()
-    show = {"hit_rate": lambda v: f"{v:.1%}", "ttft_p90_s": _duration}
+    show = {"hit_rate": lambda v: f"{v:.1%}", "ttft_p90_s": duration}
     for key, fmt in show.items():
         if key in table.columns:
             shown[key] = [
@@ -173,14 +173,14 @@ def format_results(df: pd.DataFrame, seconds: float, out: Path, per_job: bool = 
     if per_job and len(ok) and "hit_rate" in df.columns:
         cols = list(df.columns)
         axes = cols[3 : cols.index("device_tokens")]
-        from cli.run import _duration
+        from cli.run_output import duration
 
         times = {"ttft_p50_s": "TTFT p50", "ttft_p90_s": "TTFT p90", "ttft_p99_s": "TTFT p99"}
         table = ok[[*axes, "hit_rate", *(c for c in times if c in df.columns)]].copy()
         table["hit_rate"] = table["hit_rate"].map(lambda x: f"{x:.1%}")
         for c in times:
             if c in table.columns:
-                table[c] = table[c].map(_duration)
+                table[c] = table[c].map(duration)
         if "overloaded" in ok.columns:
             table["overloaded"] = ok["overloaded"].map(lambda x: "yes" if x is True else "")
         lines.append(table.rename(columns=times).to_string(index=False, max_rows=40))

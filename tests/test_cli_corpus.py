@@ -187,12 +187,12 @@ def test_demo_jobs_is_checked(here: Path) -> None:
 def test_results_come_before_a_failed_write(here: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A file that still cannot be written after the checks (disk full) does not lose the
     table: it is printed first, then the one error line."""
-    import cli.run
+    import cli.hitrate
 
     def full(rows: object, path: Path) -> None:
         raise OSError(28, "No space left on device", str(path))
 
-    monkeypatch.setattr(cli.run, "_write_csv", full)
+    monkeypatch.setattr(cli.hitrate, "write_csv", full)
     rc, out, err = call(["hitrate", "tiny.jsonl", "--device-tokens", "8192", "--csv", "t.csv"])
     assert rc == 2 and "infinite-capacity hit rate" in out
     assert err == "hicache-sim: t.csv: cannot write CSV table: No space left on device\n"

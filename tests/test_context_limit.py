@@ -86,7 +86,7 @@ def test_a_run_aborts_or_cuts_the_long_prompts(tmp_path: Path, truncate: bool) -
 
 
 def test_run_prints_what_the_limit_did() -> None:
-    from cli.run import format_summary
+    from cli.run_output import format_summary
 
     s = {"requests": 10, "rejected_requests": 2, "sim_duration_s": 1.0, "wall_time_s": 0.1,
          "hit_rate": 0.0, "device_hit_rate": 0.0, "host_hit_rate": 0.0, "ttft_mean_s": 0.1,

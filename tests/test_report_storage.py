@@ -222,7 +222,7 @@ def test_old_runs_load_and_label_like_new_runs_without_l3(runs: dict[str, Path])
 
 
 def test_run_summary_prints_three_tiers_l3_traffic_and_defects(runs: dict[str, Path]) -> None:
-    from cli.run import format_summary
+    from cli.run_output import format_summary
 
     s = summary(runs["l3"])
     text = format_summary(s)

@@ -178,7 +178,7 @@ def test_closed_loop_auto_follows_think_times_not_session_ids(tmp_path: Path) ->
 
 
 def test_summary_prints_long_times_in_minutes_and_warns_on_overload() -> None:
-    from cli.run import format_summary
+    from cli.run_output import format_summary
 
     s = {
         "requests": 3000, "rejected_requests": 0, "sim_duration_s": 2981.1, "wall_time_s": 1.6,

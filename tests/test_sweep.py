@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parent.parent
 QUICK = REPO / "examples" / "quick.toml"
 MULTITURN = REPO / "traces" / "data" / "synthetic" / "multiturn.jsonl"
 RUN_FILES = {"config.json", "summary.json", "requests.parquet", "timeline.parquet",
-             "transfers.parquet", "job.json"}  # fmt: skip
+             "transfers.parquet", "metrics.prom", "job.json"}  # fmt: skip
 NAME = re.compile(r"^[A-Za-z0-9._=+-]+-[0-9a-f]{10}$")
 
 

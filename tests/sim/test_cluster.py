@@ -151,9 +151,9 @@ def test_idle_instances_are_counted_and_named() -> None:
     assert len(busy) == 1
     assert s["idle_instances"] == sorted(set(range(4)) - set(busy))
     assert s["imbalance_requests"] == pytest.approx(4.0)
-    from cli.run import _fleet_line
+    from cli.run_output import fleet_line
 
-    line = _fleet_line(s)
+    line = fleet_line(s)
     assert "3 of 4 instances got no request" in line and "router used 1" in line
 
 
