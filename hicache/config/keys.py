@@ -19,10 +19,13 @@ from hicache import hardware
 from hicache.config.sections import (
     CLOSED_LOOP_MODES,
     EVICTION_CHOICES,
+    HOST_MEMORY_MODES,
     IO_BACKENDS,
     KV_DTYPES,
     MEM_LAYOUTS,
     OUTPUT_MODES,
+    PD_ROUTERS,
+    PD_TRANSFERS,
     ROUTER_POLICIES,
     SCHEDULE_POLICIES,
     SCHEDULER_ENGINES,
@@ -54,6 +57,10 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "storage.prefetch_policy": PREFETCH_POLICIES,
     "storage.shared": ("auto", "yes", "no"),
     "sglang.version": tuple(SGLANG_VERSIONS),
+    "cache.host_memory_mode": HOST_MEMORY_MODES,
+    "pd.transfer": PD_TRANSFERS,
+    "pd.prefill_router": PD_ROUTERS,
+    "pd.decode_router": PD_ROUTERS,
 }
 
 
