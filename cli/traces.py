@@ -238,6 +238,7 @@ def _import_options(args: argparse.Namespace) -> Any:
 
 def _add_gen(p: argparse.ArgumentParser) -> None:
     from traces.generate import (
+        ASSIGNMENTS,
         DISTRIBUTIONS,
         GENERATOR_SUMMARY,
         GENERATORS,
@@ -259,7 +260,16 @@ def _add_gen(p: argparse.ArgumentParser) -> None:
         )
         k.add_argument("--json", action="store_true", help="print a JSON summary")
         k.add_argument("--force", action="store_true", help="overwrite an existing --out")
-        for name, default in generator_params(kind).items():
+        if kind == "multiturn":
+            k.add_argument(
+                "--fit",
+                type=Path,
+                default=None,
+                metavar="TRACE",
+                help="fit lognormal request, sub-question and output lengths and think times "
+                "to TRACE and use them (instead of the --*-dist options)",
+            )
+        for name, default in generator_params(kind, optional=True).items():
             flag = "--" + name.replace("_", "-")
             text = PARAM_HELP.get(name, "")
             if isinstance(default, bool):
@@ -273,6 +283,13 @@ def _add_gen(p: argparse.ArgumentParser) -> None:
                     default=default,
                     help=text + " (default %(default)s)",
                 )
+            elif name == "system_prompt_assignment":
+                k.add_argument(
+                    flag, choices=ASSIGNMENTS, default=default, help=text + " (default %(default)s)"
+                )
+            elif name.endswith("_dist"):
+                shown = f" (default {default})" if default else ""
+                k.add_argument(flag, default=default, metavar="DIST", help=text + shown)
             else:
                 # a float must be finite: NaN would slip through every range check
                 typ = float_above(-math.inf) if isinstance(default, float) else type(default)
@@ -455,12 +472,18 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _gen(args: argparse.Namespace) -> int:
-    from traces.generate import generate, generator_params
+    from traces.generate import OPTIONAL_PARAMS, generate, generator_params
     from traces.io import write_trace
 
     params = {name: getattr(args, name) for name in generator_params(args.kind)}
+    # the later options only where set: the --json summary of a default run stays as it was
+    later = OPTIONAL_PARAMS[args.kind]
+    params.update({n: getattr(args, n) for n, d in later.items() if getattr(args, n) != d})
     check_output_file(args.out, TRACE_SUFFIXES, what="trace", force=args.force)
+    fitted = _fit(args, params) if getattr(args, "fit", None) is not None else None
     trace = generate(args.kind, **params)
+    if fitted is not None:
+        trace.header.extra["fitted_from"] = fitted
     write_trace(trace, args.out)
     if args.json:
         print(
@@ -476,6 +499,21 @@ def _gen(args: argparse.Namespace) -> int:
     else:
         print(f"wrote {args.out}: {len(trace):,} requests ({args.kind}, seed {args.seed})")
     return 0
+
+
+def _fit(args: argparse.Namespace, params: dict[str, Any]) -> str:
+    """``--fit TRACE``: the fitted distributions into `params` (an explicit ``--*-dist``
+    alongside is an error); returns the fitted trace's path for the header."""
+    from traces.convert import read_any
+    from traces.generate import fit_multiturn
+    from traces.schema import TraceParamError
+
+    given = [n for n in params if n.endswith("_dist")]
+    if given:
+        flags = ", ".join("--" + n.replace("_", "-") for n in given)
+        raise TraceParamError(f"--fit replaces the length distributions: drop {flags}")
+    params.update(fit_multiturn(read_any(args.fit)))
+    return str(args.fit)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

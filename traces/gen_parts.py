@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from traces.schema import Request, Trace, TraceHeader, TraceParamError
@@ -41,11 +43,17 @@ def check_distribution(distribution: str) -> None:
         )
 
 
-def recorded_params(args: dict[str, Any]) -> dict[str, Any]:
+def recorded_params(args: dict[str, Any], optional: dict[str, Any] | None = None) -> dict[str, Any]:
     """The parameters a generator records in its header: its arguments in signature order
     (pass ``locals()`` as the generator's first statement), less block_size, which the
-    header holds on its own."""
-    return {name: value for name, value in args.items() if name != "block_size"}
+    header holds on its own, and less each `optional` parameter (name -> default) that is at
+    its default: those were added after traces had been made, which keep their bytes."""
+    optional = optional or {}
+    return {
+        name: value
+        for name, value in args.items()
+        if name != "block_size" and not (name in optional and value == optional[name])
+    }
 
 
 # -- hash ids and random draws -------------------------------------------------------------
@@ -92,6 +100,81 @@ def jittered_ms(rng: random.Random, mean_ms: float, jitter: float) -> float:
     )
 
 
+# -- length and time distributions (``--request-length-dist`` and the like) ----------------
+
+DIST_KINDS: tuple[str, ...] = ("fixed", "lognormal", "uniform")
+
+
+@dataclass(frozen=True)
+class Dist:
+    """A distribution of lengths or times, parsed from ``fixed``, ``lognormal:MEAN,SIGMA``
+    or ``uniform:LO,HI``.
+
+    lognormal: MEAN is the arithmetic mean of the values (not of their logs) and SIGMA the
+    standard deviation of their natural logs, so log(x) ~ N(mu, SIGMA) with
+    mu = ln(MEAN) - SIGMA**2 / 2. uniform: on [LO, HI]. fixed: the generator's own value.
+    """
+
+    kind: str
+    a: float = 0.0
+    b: float = 0.0
+
+    @property
+    def fixed(self) -> bool:
+        return self.kind == "fixed"
+
+    @property
+    def mu(self) -> float:
+        """The mean of log(x) of a lognormal."""
+        return math.log(self.a) - self.b * self.b / 2
+
+    def draw(self, rng: random.Random, value: float) -> float:
+        """One draw (exactly `value` for fixed, without touching `rng`)."""
+        if self.kind == "fixed":
+            return value
+        if self.kind == "lognormal":
+            return rng.lognormvariate(self.mu, self.b)
+        return rng.uniform(self.a, self.b)
+
+    def length(self, rng: random.Random, value: int, minimum: int) -> int:
+        """A draw rounded to an integer length of at least `minimum`."""
+        return value if self.fixed else max(minimum, round(self.draw(rng, value)))
+
+    def ms(self, rng: random.Random, value: float) -> float:
+        """A draw as a time in ms, rounded to µs and at least 0."""
+        return value if self.fixed else max(0.0, round(self.draw(rng, value), 3))
+
+
+def parse_dist(name: str, text: str) -> Dist:
+    """The `Dist` of a ``--*-dist`` value; a `TraceParamError` naming `name` otherwise."""
+    kind, _, rest = text.strip().partition(":")
+    problem = f"{name} must be fixed, lognormal:MEAN,SIGMA or uniform:LO,HI, got {text!r}"
+    if kind == "fixed" and not rest:
+        return Dist("fixed")
+    if kind not in ("lognormal", "uniform"):
+        raise TraceParamError(problem)
+    try:
+        a, b = (float(x) for x in rest.split(","))
+    except ValueError:
+        raise TraceParamError(problem) from None
+    if not (math.isfinite(a) and math.isfinite(b)):
+        raise TraceParamError(problem)
+    if kind == "lognormal" and (a <= 0 or b < 0):
+        raise TraceParamError(f"{name}: lognormal needs MEAN > 0 and SIGMA >= 0, got {text!r}")
+    if kind == "uniform" and not 0 <= a <= b:
+        raise TraceParamError(f"{name}: uniform needs 0 <= LO <= HI, got {text!r}")
+    return Dist(kind, a, b)
+
+
+def lognormal_fit(values: Sequence[float]) -> tuple[float, float]:
+    """Maximum-likelihood lognormal of positive `values`: (MEAN, SIGMA) as `Dist` takes
+    them (SIGMA = population standard deviation of the logs, MEAN = exp(mu + SIGMA**2 / 2))."""
+    logs = [math.log(v) for v in values]
+    mu = math.fsum(logs) / len(logs)
+    sigma = math.sqrt(math.fsum((x - mu) ** 2 for x in logs) / len(logs))
+    return math.exp(mu + sigma * sigma / 2), sigma
+
+
 # -- requests ------------------------------------------------------------------------------
 
 
@@ -133,17 +216,18 @@ def multiturn_schedule(
     rng: random.Random,
     clients: int,
     rounds: int,
-    think_time_ms: float,
+    think_time_ms: float | Callable[[int, int], float],
     request_rate: float,
     distribution: str,
 ) -> Iterator[tuple[float, int, int]]:
     """(send time, client, turn) of every request of `multiturn`, in send order.
 
     Requests are sent at `request_rate` per second, each to a random client whose next turn
-    is ready; a turn is ready `think_time_ms` after the previous turn of its client was sent.
-    Draws from `rng` in a fixed order (client, then gap), so the caller must not draw
-    between two items.
+    is ready; a turn is ready `think_time_ms` after the previous turn of its client was sent
+    (a number, or ``think(client, turn)`` for turn `turn` of `client`). Draws from `rng` in
+    a fixed order (client, then gap), so the caller must not draw between two items.
     """
+    think = think_time_ms if callable(think_time_ms) else (lambda c, k: think_time_ms)
     turn = [0] * clients
     ready = list(range(clients))
     waiting: list[tuple[float, int, int]] = []  # (ready time, tie-break, client)
@@ -162,7 +246,7 @@ def multiturn_schedule(
         sent += 1
         turn[c] = k + 1
         if k + 1 < rounds:
-            heapq.heappush(waiting, (now + think_time_ms, next(order), c))
+            heapq.heappush(waiting, (now + think(c, k + 1), next(order), c))
         now += gap_ms(rng, request_rate, distribution)
 
 
