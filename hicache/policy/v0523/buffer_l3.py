@@ -160,26 +160,11 @@ class BufferStorageAttachment(StorageAttachment):
         prefix: tuple[Hashable, ...] = (),
     ) -> None:
         """``prefetch_from_storage`` (unified_radix_cache.py:2081-2255), buffer branches."""
-        ctrl, ps, stats = self.ctrl, self.page_size, self.stats
-        self.retries.cancel(rid)
-        wait = self.waits.get(rid)
-        if wait is not None and wait.expired:
+        ctrl, stats = self.ctrl, self.stats
+        span = self._prefetch_span(rid, symbols, new_tokens, storage_start, storage_hit_end)
+        if span is None:
             return
-        if rid in self.ongoing_prefetch or rid in self.staged:
-            return
-        assume = storage_hit_end is not None and (
-            storage_start < storage_hit_end <= storage_start + new_tokens
-        )
-        if assume:
-            assert storage_hit_end is not None
-            new_tokens = storage_hit_end - storage_start
-        pages = new_tokens // ps
-        symbols = symbols[:pages]
-        length = pages * ps
-        assume = assume and storage_start + length == storage_hit_end
-        if length < self.prefetch_threshold:
-            stats.prefetch_below_threshold += 1
-            return
+        symbols, length, assume = span
         op = ctrl.prefetch(rid, symbols, self.last_hash(anchor), now, assume_stored=assume)
         op.stats_requested_tokens = length
         op.storage_start = storage_start
@@ -191,6 +176,10 @@ class BufferStorageAttachment(StorageAttachment):
             stats.prefetch_assumed_stored += 1
         if ctrl.immediate:
             ctrl.run_all()
+
+    def _prefetch_busy(self, rid: Hashable) -> bool:
+        """A prefetch under way, or a finished one's load staged for admission."""
+        return rid in self.ongoing_prefetch or rid in self.staged
 
     # ------------------------------------------------------------------- retire --
     def _retire(self, rid: Hashable, release: list[int] | None) -> None:

@@ -269,26 +269,11 @@ class StorageAttachment:
         matched ``storage_start`` tokens; ``new_tokens`` is the unaligned span up to the match
         limit). ``storage_hit_end``: a retry's known hit end (the span up to it is taken as
         stored)."""
-        ctrl, ps, stats = self.ctrl, self.page_size, self.stats
-        self.retries.cancel(rid)
-        wait = self.waits.get(rid)
-        if wait is not None and wait.expired:
+        ctrl, stats = self.ctrl, self.stats
+        span = self._prefetch_span(rid, symbols, new_tokens, storage_start, storage_hit_end)
+        if span is None:
             return
-        if rid in self.ongoing_prefetch:
-            return
-        assume = storage_hit_end is not None and (
-            storage_start < storage_hit_end <= storage_start + new_tokens
-        )
-        if assume:
-            assert storage_hit_end is not None
-            new_tokens = storage_hit_end - storage_start
-        pages = new_tokens // ps
-        symbols = symbols[:pages]
-        length = pages * ps
-        assume = assume and storage_start + length == storage_hit_end
-        if length < self.prefetch_threshold:
-            stats.prefetch_below_threshold += 1
-            return
+        symbols, length, assume = span
         if ctrl.prefetch_rate_limited():
             stats.prefetch_rate_limited += 1
             self.retries.poll_miss(rid, storage_hit_end)
@@ -305,6 +290,44 @@ class StorageAttachment:
             stats.prefetch_assumed_stored += 1
         if ctrl.immediate:
             ctrl.run_all()
+
+    def _prefetch_busy(self, rid: Hashable) -> bool:
+        """The request has a prefetch under way: a second is not issued."""
+        return rid in self.ongoing_prefetch
+
+    def _prefetch_span(
+        self,
+        rid: Hashable,
+        symbols: tuple[Hashable, ...],
+        new_tokens: int,
+        storage_start: int,
+        storage_hit_end: int | None,
+    ) -> tuple[tuple[Hashable, ...], int, bool] | None:
+        """The opening of ``prefetch_from_storage`` that both host modes share
+        (unified_radix_cache.py:2081-2155): the request's retry cancelled; nothing when its
+        wait has expired or a prefetch is under way; a retry's known hit end taken as stored;
+        the span cut to whole pages, nothing below ``prefetch_threshold``. Returns the pages'
+        symbols, the span in tokens and whether it is taken as stored."""
+        ps = self.page_size
+        self.retries.cancel(rid)
+        wait = self.waits.get(rid)
+        if wait is not None and wait.expired:
+            return None
+        if self._prefetch_busy(rid):
+            return None
+        assume = storage_hit_end is not None and (
+            storage_start < storage_hit_end <= storage_start + new_tokens
+        )
+        if assume:
+            assert storage_hit_end is not None
+            new_tokens = storage_hit_end - storage_start
+        pages = new_tokens // ps
+        length = pages * ps
+        assume = assume and storage_start + length == storage_hit_end
+        if length < self.prefetch_threshold:
+            self.stats.prefetch_below_threshold += 1
+            return None
+        return symbols[:pages], length, assume
 
     def _start_wait(self, op: PrefetchOp0523, now: float) -> None:
         """The timeout policy's timer starts at the first blocked admission poll."""
