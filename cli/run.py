@@ -123,7 +123,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
         write_json_atomic(summary, args.out / "summary.json")
         print(format_seeds(block))
-    print(f"as SGLang flags: {format_sglang_command(cfg).splitlines()[0]}")
+    flags = format_sglang_command(cfg).splitlines()[0]
+    if cfg.pd.enabled:  # one command per role, each with its own overrides (pd.*_set)
+        print(f"as SGLang flags, per role (plus --disaggregation-mode prefill|decode and that "
+              f"role's pd.prefill_set / pd.decode_set): {flags}")  # fmt: skip
+    else:
+        print(f"as SGLang flags: {flags}")
     print(f"run directory: {args.out}")
     return 0
 
