@@ -35,6 +35,14 @@ def format_pd_summary(s: dict[str, Any]) -> str:
         f"merge wait {_ms(d['merge_wait_mean_s'])} mean; TPOT mean {_ms(d['tpot_mean_s'])}, "
         f"p90 {_ms(d['tpot_p90_s'])}; retractions {d['retractions']}",
     ]
+    if d.get("radix_cache"):
+        lines.append(
+            f"decode radix cache: hit rate {d['hit_rate']:.2%} (device "
+            f"{d['device_hit_rate']:.2%}, host {d['host_hit_rate']:.2%}, L3 "
+            f"{d['storage_hit_rate']:.2%}); transfer saved "
+            f"{s['transfer_bytes_saved_per_rank'] / 1e9:.1f} GB per rank "
+            f"({s['transfer_bytes_saved_share']:.1%})"
+        )
     return "\n".join(lines)
 
 

@@ -865,6 +865,13 @@ class PdConfig:
     # decode tokens reserved per request at pre-allocation (--num-reserved-decode-tokens,
     # SGLang 0.5.23 default 512, arg_groups/fields/disagg.py:109-112)
     num_reserved_decode_tokens: int = 512
+    # a radix tree on the decode servers (--disaggregation-decode-enable-radix-cache, SGLang
+    # 0.5.23 default off, arg_groups/fields/disagg.py:88-91): each decode server matches a
+    # request's prompt in its own tree and the prefill server sends only the KV past that
+    # prefix; with the decode role's cache.enable_host (--enable-hierarchical-cache on the
+    # decode server, scheduler.py:520-523) host hits are loaded back there (sim.pd.decode_cache).
+    # sglang.version 0.5.23 only
+    decode_radix_cache: bool = False
 
     def __post_init__(self) -> None:
         _between("pd.prefill_instances", self.prefill_instances, 1, 4096)

@@ -201,8 +201,9 @@ class DecodeRole:
         if d.first_token < 0:
             d.first_token = d.admitted = now
             d.decoded = 1
-            d.device_hit = 0
-            self._of[d.rid].first_token_s = now
+            r = self._of[d.rid]
+            d.device_hit, d.host_hit = r.decode_device_hit, r.decode_host_hit  # 0: no radix
+            r.first_token_s = now
         d.kv_tokens = d.fill_len = d.filled = d.input_length + d.decoded - 1
         if d.decoded >= d.output_length:  # one output token: finished by the prebuilt step
             s._finish(d)

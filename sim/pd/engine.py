@@ -28,6 +28,7 @@ import simpy
 from hicache.lifecycle import PagedTrace
 from hicache.policy.radix import PageKey
 from sim.instance import Instance
+from sim.pd.decode_cache import RadixDecodeRole
 from sim.pd.decode_side import DecodeRole
 from sim.pd.request import PdReq
 from sim.pd.transfer import KvLinks, TransferCost, transfer_chunks
@@ -62,6 +63,7 @@ class PdEngine:
         reserved_decode_tokens: int,
         closed_loop: bool,
         aborted: frozenset[int] = frozenset(),
+        decode_radix_cache: bool = False,
     ) -> None:
         self.env = simpy.Environment()
         env = self.env
@@ -76,7 +78,8 @@ class PdEngine:
                      **decode.kwargs)
             for i in range(decode.instances)
         ]  # fmt: skip
-        self.decode = [DecodeRole(d, reserved_decode_tokens, self._preallocated)
+        role = RadixDecodeRole if decode_radix_cache else DecodeRole
+        self.decode = [role(d, reserved_decode_tokens, self._preallocated)
                        for d in decode_insts]  # fmt: skip
         for inst in self.prefill:  # arrivals come unannounced (after their bootstrap)
             inst.sched.announced = inst.sched.span_ok = False
@@ -186,10 +189,17 @@ class PdEngine:
             self._end(r)
             return
         ps = self.page_size
-        pages = -(-pre.input_length // ps)  # whole pages (_num_pages_to_send)
+        # whole pages past the prefix the decode side holds (_num_pages_to_send; 0 without
+        # the decode radix cache)
+        pages = -(-(pre.input_length - r.decode_prefix) // ps)
         r.transfer_bytes = pages * ps * self.rank_bytes
+        r.transfer_bytes_saved = -(-pre.input_length // ps) * ps * self.rank_bytes - (
+            r.transfer_bytes
+        )
         extend = pre.input_length - max(pre.device_hit, 0)
-        r.transfer_chunks = transfer_chunks(extend, max(pre.device_hit, 0), self.chunk_size)
+        r.transfer_chunks = transfer_chunks(
+            extend, max(pre.device_hit, 0), self.chunk_size, r.decode_prefix, ps
+        )
         seconds = self.cost.seconds(r.transfer_bytes, r.transfer_chunks)
 
         def started(t: float) -> None:

@@ -31,6 +31,15 @@ class PdReq:
     first_token_s: float = -1.0  # merged into the decode batch: the first token streamed
     finish_s: float = -1.0
     rejected: bool = False
+    # the decode radix cache (pd.decode_radix_cache, sim.pd.decode_cache): the prefix the
+    # decode server holds (decode_prefix_len, sent to the prefill side), its device and host
+    # parts, whether the host part is loaded back and when, the bytes per rank not sent
+    decode_prefix: int = 0
+    decode_device_hit: int = 0
+    decode_host_hit: int = 0
+    restored: bool = True
+    restore_end_s: float = -1.0
+    transfer_bytes_saved: int = 0
 
     @property
     def rid(self) -> int:
@@ -61,6 +70,9 @@ class PdRow(NamedTuple):
     transfer_bytes: int
     transfer_chunks: int
     decode_retractions: int
+    decode_device_hit_tokens: int
+    decode_host_hit_tokens: int
+    transfer_bytes_saved: int
 
 
 def pd_row(r: PdReq) -> PdRow:
@@ -70,5 +82,6 @@ def pd_row(r: PdReq) -> PdRow:
         pre.first_token, r.transfer_start_s, r.transfer_end_s, r.first_token_s,
         r.finish_s if not r.rejected else -1.0, pre.input_length, dec.output_length,
         max(pre.device_hit, 0), pre.host_hit, pre.storage_hit, pre.computed, r.transfer_bytes,
-        r.transfer_chunks, dec.retractions,
+        r.transfer_chunks, dec.retractions, r.decode_device_hit, r.decode_host_hit,
+        r.transfer_bytes_saved,
     )  # fmt: skip

@@ -55,10 +55,13 @@ def role_configs(cfg: SimConfig) -> tuple[SimConfig, SimConfig]:
 
 def _role_kwargs(rc: SimConfig, *, decode: bool) -> tuple[dict[str, Any], dict[str, Any]]:
     """``Instance`` keyword arguments of a role and what config.json says of its pools. The
-    decode role keeps no host tier and no L3 (decode-side HiCache is not modelled yet)."""
+    decode role has a host tier only with its radix cache (``pd.decode_radix_cache``) and
+    ``cache.enable_host`` (SGLang's ``enable_decode_hicache``, scheduler.py:520-523), and no
+    L3 (decode-side L3 is not modelled)."""
     device, host, _ = resolve_pools(rc)
     costs = build_costs(rc)
-    host = 0 if decode or not rc.cache.enable_host else host
+    decode_hicache = rc.pd.decode_radix_cache and rc.cache.enable_host
+    host = 0 if (decode and not decode_hicache) or not rc.cache.enable_host else host
     ps = rc.cache.page_size
     kwargs = {
         "device_tokens": device,
@@ -82,6 +85,10 @@ def build_pd_engine(cfg: SimConfig, trace: Trace) -> tuple[PdEngine, dict[str, A
     from sim.engine import resolve_closed_loop
 
     pre, dec = role_configs(cfg)
+    if cfg.pd.decode_radix_cache and dec.sglang.version != "0.5.23":
+        raise ConfigError(
+            "pd.decode_radix_cache", "the decode radix cache is modelled for sglang.version 0.5.23"
+        )
     pre_kw, pre_pools = _role_kwargs(pre, decode=False)
     dec_kw, dec_pools = _role_kwargs(dec, decode=True)
     ps = pre.cache.page_size
@@ -104,6 +111,7 @@ def build_pd_engine(cfg: SimConfig, trace: Trace) -> tuple[PdEngine, dict[str, A
         chunk_size=pre.scheduler.chunked_prefill_size,
         reserved_decode_tokens=pd.num_reserved_decode_tokens,
         closed_loop=resolve_closed_loop(cfg.workload.closed_loop, trace, len(paged)),
+        decode_radix_cache=cfg.pd.decode_radix_cache,
     )
     roles = {
         "prefill": {"config": config_to_dict(pre), **pre_pools},

@@ -9,7 +9,10 @@ Where the figures come from, as SGLang measures them:
   batch_result_processor.py:117-132), before the first decode step. So TTFT = bootstrap +
   prefill queue + prefill + transfer + the wait for the decode loop's next iteration.
 - TPOT is the decode server's: (finish - first token) / (outputs - 1).
-- Hits per tier are the prefill server's (the decode server has no radix cache here).
+- Hits per tier are the prefill server's. With the decode radix cache
+  (``pd.decode_radix_cache``) ``roles.decode`` has the decode server's own hits per tier (its
+  match at pre-allocation over the prompt, sim.pd.decode_cache) and the summary the transfer
+  bytes per rank they saved (the prefill side sends only the pages past the decode prefix).
 """
 
 from __future__ import annotations
@@ -117,6 +120,16 @@ def pd_summary(
                       "transfer": cfg.pd.transfer},
         "roles": roles,
     }  # fmt: skip
+    if cfg.pd.decode_radix_cache:
+        saved = int(done["transfer_bytes_saved"].sum())
+        full = saved + int(done["transfer_bytes"].sum())
+        dec["radix_cache"] = True
+        dec["decode_prefix_tokens"] = int(
+            (done["decode_device_hit_tokens"] + done["decode_host_hit_tokens"]).sum()
+        )
+        dec["transfer_bytes_saved_per_rank"] = saved
+        summary["transfer_bytes_saved_per_rank"] = saved
+        summary["transfer_bytes_saved_share"] = saved / full if full else 0.0
     over = [role for role, one in roles.items() if one.get("overloaded")]
     summary["overloaded"] = bool(over)
     if over:

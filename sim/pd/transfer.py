@@ -65,13 +65,27 @@ def rank_bytes_per_token(model: ModelSpec, tp_prefill: int, tp_decode: int) -> i
     return kv_bytes_per_token(model, min(tp_prefill, tp_decode))
 
 
-def transfer_chunks(extend: int, device_prefix: int, chunk_size: int) -> int:
+def transfer_chunks(
+    extend: int, device_prefix: int, chunk_size: int, start: int = 0, page_size: int = 1
+) -> int:
     """``send_kv_chunk`` calls of one prefill: one per prefill chunk of the ``extend`` tokens
     (``chunk_size`` <= 0: unchunked), plus the early send of a device-resident cached prefix
     (``SGLANG_DISAGG_PREFILL_EARLY_SEND_CACHED_PREFIX``, default on, environ.py:768;
-    ``maybe_send_cached_prefix_chunk``, prefill.py:1460-1499)."""
+    ``maybe_send_cached_prefix_chunk``, prefill.py:1460-1499). ``start``: the prefix the decode
+    side holds (``start_send_idx = decode_prefix_len``, prefill.py:437-438): the early send only
+    past it, and a non-last chunk whose page-floored end does not pass it sends nothing
+    (prefill.py:1544-1564; an empty send is not counted); the last chunk always goes (it
+    carries the metadata). ``start`` 0: one op per chunk, plus the early send."""
     chunks = 1 if chunk_size <= 0 else max(1, math.ceil(extend / chunk_size))
-    return chunks + (1 if device_prefix > 0 else 0)
+    early = 1 if device_prefix > start else 0
+    if start <= 0:
+        return chunks + early
+    ops = early + 1  # the last chunk
+    for k in range(chunks - 1):
+        end = device_prefix + (k + 1) * chunk_size
+        if end - end % page_size > start:
+            ops += 1
+    return ops
 
 
 class KvLinks:

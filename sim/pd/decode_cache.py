@@ -1,0 +1,206 @@
+"""The decode server's own radix cache (``pd.decode_radix_cache``): SGLang 0.5.23's
+``--disaggregation-decode-enable-radix-cache``, with the decode role's host tier when that
+role runs HiCache (``cache.enable_host``, SGLang's ``--enable-hierarchical-cache`` on the
+decode server).
+
+What SGLang 0.5.23 does (``disaggregation/``, ``mem_cache/``; file:line of the installed
+0.5.23 wheel):
+
+- **Enabling.** ``--disaggregation-decode-enable-radix-cache`` (default off,
+  arg_groups/fields/disagg.py:88-91) keeps the decode server's radix cache
+  (``disable_radix_cache=False``, arg_groups/pd_disaggregation_hook.py:98-119; without it the
+  decode server has none, :120-127). Decode-side HiCache is on when the decode server also
+  has ``--enable-hierarchical-cache`` (``enable_decode_hicache``, managers/scheduler.py:520-523).
+- **Pre-allocation: match and lock** (``pop_preallocated``, decode.py:1496-1530;
+  ``_match_prefix_and_lock``, decode.py:860-877). The prompt (``origin_input_ids``) is matched
+  in the decode tree with **no** ``input_len - 1`` limit (``match_kv_cache`` with
+  ``max_prefix_len=None`` for a dense model, decode.py:861-874, mem_cache/common.py:193-212,
+  221-263: only an SWA tail or a re-prefill tail caps it), page-aligned; the last device node
+  is locked at once (decode.py:876). A re-bootstrapped request (weight update) skips the match
+  (decode.py:1498-1501).
+- **What it reports.** ``DecodePrefixMatch`` (decode_hicache_mixin.py:27-52): ``l1`` = device
+  prefix, ``l2`` = the match's ``host_hit_length``, ``l3`` = an L3 hit-length query past them,
+  only with a storage backend (decode_hicache_mixin.py:78-111); ``decode_prefix_len = l1 + l2 +
+  l3`` (:40-42) is what the decode side sends the prefill side in its KV metadata
+  (``decode_prefix_len``, decode.py:1813-1820), after a declined L3 prefetch zeroed ``l3``
+  (decode_hicache_mixin.py:121-166, decode.py:1606-1610).
+- **Budget.** ``_required_alloc_tokens(fill_len, prefix_len=l1)``: the pages past the *device*
+  prefix (decode.py:2214-2224), so the L2/L3 gap is charged too;
+  ``_required_admission_tokens`` subtracts ``l1`` from the prompt (decode.py:508-517); the
+  budget is recomputed after the lock (decode.py:1528-1536) and counts the tree's evictable
+  pages as free (decode.py:2109-2116); a misfit unlocks and stops the pass (decode.py:1575-1580).
+  Pending restores' tokens are held back from later requests' budget
+  (``_hicache_pending_restore_tokens``, decode_hicache_mixin.py:168-176; decode.py:1381-1382).
+- **Allocation.** ``_pre_alloc`` (decode.py:2238-2387) writes the device prefix into the row
+  and allocates ``fill_len - decode_prefix_len`` new tokens at position ``decode_prefix_len``
+  (``alloc_for_decode_prealloc``, decode.py:2435-2511), evicting the shortfall of the pages
+  past ``l1`` first (decode.py:2280-2300); the ``[l1, decode_prefix_len)`` gap gets its pages
+  from the load-back. ``cache_protected_len = decode_prefix_len`` (decode.py:1636).
+- **The prefill side sends only the suffix.** ``finalize_bootstrap`` sets ``start_send_idx =
+  decode_prefix_len`` and counts ``kv_to_page_num(len(origin_input_ids) - decode_prefix_len)``
+  pages (prefill.py:429-450); each send covers ``[start_send_idx, end)`` and a non-last chunk
+  whose page-floored end is below the start is skipped (prefill.py:1537-1564); the early send
+  of the prefill's own device-cached prefix happens only past the start (prefill.py:1460-1499).
+  The prefill server still prefills the whole prompt with its own cache.
+- **Host hits: a local restore.** In the transfer queue, each iteration
+  (``_process_hicache_local_restores``, decode_hicache_mixin.py:279-325, called from
+  ``pop_transferred``, decode.py:2837-2839): when fewer than 3 loads are in flight
+  (``has_free_load_back_slot``, :301), the promised prefix is re-matched and loaded back
+  (``init_load_back``, :208-275), the pass's loads go out as one ``ready_to_load_host_cache``
+  (:313-325); the KV poll reports success only once the transfer *and* the restore are done
+  (``HiCacheRestoreGatedKVReceiver``, :179-193). A short load fails the request (:253-267).
+- **Decoded KV enters the decode tree at the finish** (``release_kv_cache(checkpoint=True)``,
+  mem_cache/common.py:400-439, also for a one-token request at the prebuilt batch,
+  managers/scheduler_components/batch_result_processor.py:117-132): prompt + outputs, the
+  protected prefix not freed; with HiCache the insert's write-through backs it up to host as
+  on any server.
+- **Offload stride** (a different feature, ``--disaggregation-decode-enable-offload-kvcache``,
+  managers/scheduler.py:639-650): ``DecodeKVCacheOffloadManager`` copies decoded KV past the
+  page-aligned prompt to its own host pool in ``offload_stride`` chunks
+  (``SGLANG_HICACHE_DECODE_OFFLOAD_STRIDE``, default = page size, rounded down to pages,
+  decode_kvcache_offload_manager.py:61-68, 187-246), backs each chunk up to L3 and frees the
+  host copy after the backup (:330-367); it does not insert into the decode tree.
+- **Retraction.** With the decode radix cache the default
+  ``--disaggregation-decode-retraction-backup`` is ``cpu_tensor``, not ``host_pool``
+  (mem_cache/kv_cache_builder.py:225-241); a retracted request is re-allocated without a
+  prefix match on resumption (decode.py:2271-2273), as without the radix cache.
+
+What this module does with that: :class:`RadixDecodeRole` replaces
+:class:`~sim.pd.decode_side.DecodeRole`'s pre-allocation and transfer polling. The match, the
+locks, the load-back and the insert at the finish are the decode instance's own 0.5.23
+``UnifiedRadixCache`` (``hicache.policy.v0523``) through its lifecycle, so the hits are the
+policy core's. Simplified: the load-back is issued in the pre-allocation pass itself (SGLang's
+next step of the same iteration), before the suffix pages are allocated (SGLang: after), and
+``decode_prefix_len`` is what it actually loaded (SGLang promises the match and fails the
+request on a short load); no limit of 3 loads in flight; no L3 on the decode side (``l3 = 0``);
+the restore reservation is not needed since the load allocates its pages at once; the offload
+manager is not modelled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator
+from typing import Any
+
+import simpy
+
+from hicache.lifecycle_v0523 import KVLifecycle0523
+from hicache.policy.v0523 import UnifiedRadixCache
+from sim.instance import Instance
+from sim.link import Job
+from sim.pd.decode_side import DecodeRole
+from sim.pd.request import PdReq
+
+
+class RadixDecodeRole(DecodeRole):
+    """A decode server with its radix cache on (see the module docstring)."""
+
+    def __init__(
+        self, inst: Instance, reserved: int, on_preallocated: Callable[[PdReq], None]
+    ) -> None:
+        super().__init__(inst, reserved, on_preallocated)
+        life, cache = self.sched.life, self.sched.cache
+        if not isinstance(life, KVLifecycle0523) or not isinstance(cache, UnifiedRadixCache):
+            raise ValueError("pd.decode_radix_cache needs sglang.version 0.5.23")
+        self.life: KVLifecycle0523 = life
+        self.cache: UnifiedRadixCache = cache
+        # SGLang's decode loop polls without sleeping: a copy that ends (a load-back, a
+        # write-through backup) is acknowledged at its next iteration, which releases the
+        # copy's locks. An idle simulated loop is woken for it.
+        self._link_changed = inst.link.on_change
+        inst.link.on_change = self._copy_ended
+
+    def _copy_ended(self) -> None:
+        if self._link_changed is not None:
+            self._link_changed()
+        if self.sched._idle:
+            self.sched.wake()
+
+    def _pop_preallocated(self) -> None:
+        """``pop_preallocated`` with the decode radix cache (decode.py:1496-1636): match and
+        lock, the budget past the device prefix, the host part loaded back, the rest
+        allocated; the pass's loads go out as one job."""
+        retractable = self._retractable()
+        clip = self.sched.p.clip_max_new_tokens
+        ps = self.sched.p.page_size
+        life, cache = self.life, self.cache
+        loading: list[PdReq] = []
+        while self.queue:
+            r = self.queue[0]
+            d = r.dec
+            prompt = d.prompt
+            if prompt is None:
+                prompt = d.prompt = life.prompt_key(d.with_symbols())
+            m = cache.match_prefix(tuple(prompt), len(prompt))  # no input_len - 1 limit
+            life.hold(m.last_device)  # _match_prefix_and_lock
+            l1 = len(m.device_pages) * ps
+            budget = self._allocatable(count_retracted=True, single=True)  # after the lock
+            fill = d.input_length  # _pre_alloc_fill_len of a new request
+            pages = -(-fill // ps)
+            alloc = pages * ps - l1  # _required_alloc_tokens(fill, prefix_len=l1)
+            need = max(alloc + self.reserved, fill - l1 + min(d.output_length, clip) - retractable)
+            if need > budget:
+                life.release(m.last_device)
+                break
+            prefix, last = m.device_pages, m.last_device
+            if m.host_hit_length > 0:  # init_load_back of the host part, its anchor pinned
+                best = m.best
+                uuid = cache.tree.inc_host_lock_ref(best)
+                life.hold(best)
+                try:
+                    prefix, last = life.load_back(m)
+                finally:
+                    life.release(best)
+                    cache.tree.dec_host_lock_ref(best, uuid)
+            held = len(prefix)  # pages of decode_prefix_len (the list grows into the KV)
+            loaded = held - len(m.device_pages)
+            got = life.alloc(pages - held, (pages - held) * ps)
+            if got is None:
+                if loaded:  # the load stays in the tree (pinned until its ack)
+                    self.inst.ctrl.launch_loads()
+                life.release(m.last_device)
+                break
+            kv = life.lock(prompt, prefix, last, prompt_pages=len(prompt))
+            life.release(m.last_device)
+            kv.kv += got
+            self.queue.popleft()
+            r.kv = kv
+            r.prealloc_s = self.env.now
+            r.decode_prefix = held * ps
+            r.decode_device_hit = l1
+            r.decode_host_hit = loaded * ps
+            if loaded:
+                r.restored = False
+                loading.append(r)
+            self.transfer.append(r)
+            self.on_preallocated(r)
+        if loading:
+            job = self.inst.ctrl.launch_loads()  # ready_to_load_host_cache
+            if job is None or 0 <= job.end <= self.env.now:
+                for r in loading:
+                    self._restored(r, self.env.now)
+            else:
+                self.env.process(self._await_restore(job, loading))
+
+    def _await_restore(self, job: Job, reqs: list[PdReq]) -> Generator[simpy.Event, Any, None]:
+        if job.end < 0:
+            assert job.done is not None
+            yield job.done
+        elif job.end > self.env.now:
+            yield self.env.timeout(job.end - self.env.now)
+        for r in reqs:
+            self._restored(r, self.env.now)
+        self.poke()
+
+    def _restored(self, r: PdReq, t: float) -> None:
+        r.restored = True
+        r.restore_end_s = t
+
+    def _pop_transferred(self) -> None:
+        """``pop_transferred`` behind the restore gate (``HiCacheRestoreGatedKVReceiver``):
+        the transfer and the local load-back both done."""
+        done = [r for r in self.transfer if r.arrived and r.restored]
+        for r in done:
+            self.transfer.remove(r)
+            r.dec.kv, r.kv = r.kv, None
+            self.waiting.append(r.dec)
