@@ -229,6 +229,11 @@ def compare(run: Path, before_path: Path, after_path: Path) -> dict[str, Any]:
     if not run.is_dir():
         raise UserError(f"{run}: not a run directory (hicache-sim run --out DIR)")
     prom = run / "metrics.prom"
+    if not prom.is_file() and _is_pd_run(run):
+        raise UserError(
+            f"{run}: a prefill/decode (pd.enabled) run: it writes no metrics.prom yet (each "
+            "role's SGLang metrics are not produced); compare a single-server run"
+        )
     if not prom.is_file():
         raise UserError(
             f"{run}: no metrics.prom in this run directory (a run made before metrics.prom "
@@ -345,6 +350,14 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     else:
         print(render_text(result))
     return 0
+
+
+def _is_pd_run(run: Path) -> bool:
+    """Whether the run directory holds a PD run (its summary has the ``roles`` block)."""
+    try:
+        return "roles" in json.loads((run / "summary.json").read_text())
+    except (OSError, ValueError):
+        return False
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -426,6 +426,7 @@ def _compose(args: argparse.Namespace) -> int:
         trace = merge(
             inputs, scales, shared_ids=args.shared_ids, names=[str(p) for p in args.inputs]
         )
+        _warn_mixed_loops(args.inputs, inputs)
     else:
         trace = slice_trace(
             read_any(args.input),
@@ -441,6 +442,23 @@ def _compose(args: argparse.Namespace) -> int:
     else:
         print(f"wrote {out}: {len(trace):,} requests, {sessions:,} sessions")
     return 0
+
+
+def _warn_mixed_loops(paths: Any, inputs: Any) -> None:
+    """A warning when some inputs record think times and others do not: a run replays a
+    trace closed loop when any request records one (workload.closed_loop = auto), so the
+    open-loop inputs' later turns would follow their predecessors instead of their own
+    timestamps."""
+    timed = [any(r.think_time_ms is not None for r in t.requests) for t in inputs]
+    if any(timed) and not all(timed):
+        shown = ", ".join(str(p) for p, t in zip(paths, timed, strict=True) if not t)
+        print(
+            f"warning: {shown} record no think times but the other inputs do: a run replays "
+            "the merged trace closed loop (workload.closed_loop = auto), so their later turns "
+            "follow their predecessors' finish (think time 0) instead of their timestamps; set "
+            "workload.closed_loop = off to replay every arrival as recorded",
+            file=sys.stderr,
+        )
 
 
 def _validate(args: argparse.Namespace) -> int:

@@ -200,7 +200,9 @@ class Engine:
             self._all_done.succeed()
         if self._bar is not None:
             self._bar.update(1)
-        nxt = self._next_turn.pop(id(r), None) if r.finish >= 0 else None
+        # a rejected turn's follower still comes, its think time after the rejection (the
+        # client goes on; every turn counts in _total, so the run would otherwise never end)
+        nxt = self._next_turn.pop(id(r), None)
         if nxt:
             follower = nxt[0]
             self._next_turn[id(follower)] = nxt[1:]
@@ -407,6 +409,13 @@ def run_simulation(
     if cfg.pd.enabled:  # prefill/decode disaggregation: its own engine (sim.pd)
         from sim.pd import run_pd_simulation
 
+        if cfg.workload.max_context:
+            raise ValueError(
+                "workload.max_context is not modelled in a PD run yet (each role would apply "
+                "it against its own pool): set it to 0 or run without pd.enabled"
+            )
+        if cfg.workload.resample_sessions:  # a --seeds replica (sim.seeds)
+            trace = replica_trace(trace, cfg.run.seed, cfg.workload.max_requests)
         return run_pd_simulation(cfg, trace, out_dir, progress, frames_out)
     from hicache.config import config_to_dict, resolve_pools
 

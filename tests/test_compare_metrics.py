@@ -182,3 +182,7 @@ def test_errors_are_one_line(
     empty_run.mkdir()
     assert "no metrics.prom" in _err([str(empty_run), str(before), str(after)], capsys)
     assert "not a run directory" in _err([str(missing), str(before), str(after)], capsys)
+    pd_run = tmp_path / "pd"
+    pd_run.mkdir()
+    (pd_run / "summary.json").write_text('{"pd": true, "roles": {}}')
+    assert "writes no metrics.prom yet" in _err([str(pd_run), str(before), str(after)], capsys)

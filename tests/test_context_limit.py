@@ -97,3 +97,29 @@ def test_run_prints_what_the_limit_did() -> None:
     assert "context limit: 2 prompts too long aborted (of the rejected), 0 cut" in format_summary(s)
     del s["context_aborted"]
     assert "context limit" not in format_summary(s)
+
+
+def test_a_closed_loop_session_goes_on_after_a_rejected_turn(tmp_path: Path) -> None:
+    # 8 clients x 3 turns with a 1,024-token system prompt: the later turns outgrow a 1,800
+    # token context and are aborted; their followers still come (think time after the
+    # rejection), so the run ends with every turn accounted for instead of stalling
+    from traces.generate import multiturn
+    from traces.io import write_trace
+
+    t = multiturn(clients=8, rounds=3, request_length=400, output_length=64,
+                  system_prompt_length=1024, think_time_ms=500, closed_loop=True,
+                  seed=3)  # fmt: skip
+    path = write_trace(t, tmp_path / "mt.jsonl")
+    out = tmp_path / "r"
+    args = ["run", str(path), "--out", str(out), "--set", "workload.max_context=1800"]
+    assert main(args) == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert s["requests"] == 24 and s["closed_loop"] is True
+    assert 0 < s["context_aborted"] == s["rejected_requests"] < 24
+
+
+def test_pd_refuses_the_context_limit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["run", str(TRACE), "--out", str(tmp_path / "r"), "--max-requests", "20",
+            "--set", "pd.enabled=true", "--set", "workload.max_context=8192"]  # fmt: skip
+    assert main(args) == 2
+    assert "not modelled in a PD run" in capsys.readouterr().err

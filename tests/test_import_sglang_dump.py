@@ -202,3 +202,57 @@ def test_malformed_dump_is_one_line_error(
     m = one_line_error(capsys.readouterr().err)
     assert (m["path"], m["line"], m["field"]) == (str(src), line, field)
     assert says in m["problem"]
+
+
+def test_a_copyreg_extension_code_is_refused_even_when_cached(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # CPython's unpickler takes an EXT opcode's object from copyreg's cache without asking
+    # find_class: with os.system registered and cached by an earlier ordinary load, a pickle
+    # of EXT1 + REDUCE would run it. The importer refuses extension codes before loading.
+    import copyreg
+
+    marker = tmp_path / "pwned"
+    code = 0xF3
+    copyreg.add_extension(os.system.__module__, "system", code)
+    try:
+        pickle.loads(b"\x80\x02\x82" + bytes([code]) + b".")  # caches os.system
+        cmd = f"touch {marker}".encode()
+        src = tmp_path / "ext.pkl"
+        src.write_bytes(b"\x80\x02\x82" + bytes([code]) + b"(S'" + cmd + b"'\ntR.")
+        assert (
+            main(["trace", "convert", "--from", "sglang-dump", str(src), str(tmp_path / "o.jsonl")])
+            == 2
+        )
+    finally:
+        copyreg.remove_extension(os.system.__module__, "system", code)
+    m = one_line_error(capsys.readouterr().err)
+    assert m["problem"].startswith("refused to unpickle copyreg.extension code 243")
+    assert not marker.exists()
+
+
+def test_shared_and_cyclic_data_neither_hang_nor_crash(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a list nested 60 deep whose every level holds the one below twice (via the memo): 2^60
+    # items if copied naively; converted once per shared object it is small
+    nested: Any = [1]
+    for _ in range(60):
+        nested = [nested, nested]
+    src = tmp_path / "shared.pkl"
+    src.write_bytes(
+        pickle.dumps({"requests": [({"input_ids": [1, 2], "x": nested}, {}, 0.0, 1.0)]})
+    )
+    # whatever the record then lacks, the answer is one line and quick, not a hang
+    rc = main(["trace", "convert", "--from", "sglang-dump", str(src), str(tmp_path / "o.jsonl")])
+    assert rc in (0, 2)
+    capsys.readouterr()
+    cyc: dict[str, Any] = {"input_ids": [1, 2]}
+    cyc["self"] = cyc
+    src.write_bytes(pickle.dumps({"requests": [(cyc, {}, 0.0, 1.0)]}))
+    assert (
+        main(["trace", "convert", "--from", "sglang-dump", str(src), str(tmp_path / "c.jsonl")])
+        == 2
+    )
+    m = one_line_error(capsys.readouterr().err)
+    assert (m["line"], m["field"]) == ("1", "requests") and "cycle" in m["problem"]

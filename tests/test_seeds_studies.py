@@ -154,3 +154,14 @@ def test_plan_seeds_judges_the_median_and_shows_the_interval(
     assert f"{_metric(k, conf[k])} [{_metric(k, conf[k + '_lo'])} - " in text
     assert "seeds" in pd.read_csv(out / "plan.csv").columns
     assert "in brackets the 5th-95th percentile" in (out / "plan.html").read_text()
+
+
+def test_a_pd_run_replays_the_replica_too() -> None:
+    # a PD run takes the same resampled trace as a single-server one (before the fix it ran
+    # the recorded order under every seed: intervals of zero width)
+    base = load_config(None, [SMALL, "pd.enabled=true"])
+    trace = read_trace(TRACE)
+    first = run_simulation(with_overrides(base, replica_overrides(0, 0, 0)), trace)
+    other = run_simulation(with_overrides(base, replica_overrides(0, 0, 1)), trace)
+    assert first["requests"] == other["requests"]
+    assert any(first[k] != other[k] for k in ("ttft_p90_s", "ttft_mean_s", "e2e_mean_s"))

@@ -88,3 +88,19 @@ def test_slice_by_time_and_count(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert main(["trace", "slice", str(a), str(tmp_path / "e.jsonl"), "--start", "1e6"]) == 2
     assert "no request is left" in capsys.readouterr().err
     roundtrip(out2, tmp_path, capsys, requests=5)
+
+
+def test_merge_warns_when_only_some_inputs_record_think_times(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a, b = tmp_path / "open.jsonl", tmp_path / "closed.jsonl"
+    write_trace(multiturn(clients=2, rounds=2, block_size=64, closed_loop=False, seed=1), a)
+    write_trace(multiturn(clients=2, rounds=2, block_size=64, closed_loop=True, seed=2), b)
+    assert any(r.think_time_ms is not None for r in read_trace(b).requests)
+    assert all(r.think_time_ms is None for r in read_trace(a).requests)
+    assert main(["trace", "merge", str(a), str(b), "--out", str(tmp_path / "m.jsonl")]) == 0
+    err = capsys.readouterr().err
+    assert f"warning: {a} record no think times" in err and "closed_loop = off" in err
+    # inputs alike: no warning
+    assert main(["trace", "merge", str(b), str(b), "--out", str(tmp_path / "n.jsonl")]) == 0
+    assert "warning" not in capsys.readouterr().err

@@ -7,7 +7,10 @@ length: ``input_lens``, ``output_lens``, ``ttfts``, ``itls``, ``generated_texts`
 ``errors`` (and with ``--cache-report`` ``cached_tokens``). It records neither the prompt
 tokens nor the send times, so the trace has **no prefix information** (every request gets
 fresh block ids, as the lengths-only CSVs) and arrivals are spaced evenly at the run's
-``request_rate`` (all at the run's start for ``inf``, ``"trace"`` or none). A failed request
+``request_rate`` (all at the run's start for ``inf``, ``"trace"`` or none). That is not what
+bench_serving sent: it draws Poisson (or, with ``--burstiness``, gamma) gaps and caps the
+requests in flight at ``--max-concurrency``, neither of which the output records, so the
+converted arrivals match its rate, not its bursts. A failed request
 (a non-empty ``errors`` entry) is left out and counted. Runs (lines) follow one another:
 run k starts ``duration`` seconds after run k-1 started.
 """
@@ -24,7 +27,8 @@ from traces.schema import Trace, TraceError
 NOTE = (
     "converted from bench_serving --output-details: no prompt tokens and no send times are "
     "recorded, so every request has unique blocks (prefix hit ratio 0) and arrivals are spaced "
-    "evenly at the run's request_rate"
+    "evenly at the run's request_rate (bench_serving's Poisson gaps and concurrency cap are not "
+    "recorded)"
 )
 _LISTS = ("input_lens", "output_lens")
 

@@ -90,12 +90,30 @@ class SafeUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError("persistent ids are not supported")
 
 
+#: opcodes that load an object from ``copyreg``'s extension registry without asking
+#: ``find_class`` (CPython's unpickler looks the cache up directly): refused before loading
+_EXTENSION_OPCODES = frozenset({"EXT1", "EXT2", "EXT4"})
+
+
+def _refuse_extensions(data: bytes) -> None:
+    """Raise `RefusedGlobal` if the pickle uses a copyreg extension code."""
+    import pickletools
+
+    for op, arg, _ in pickletools.genops(data):
+        if op.name in _EXTENSION_OPCODES:
+            raise RefusedGlobal("copyreg", f"extension code {arg}")
+
+
 def load_dump(path: Path) -> Any:
-    """Unpickle one dump file with `SafeUnpickler`; `TraceError` (line 0) if it names a
-    refused global or is no pickle."""
+    """Unpickle one dump file with `SafeUnpickler` (after refusing copyreg extension codes,
+    which skip `find_class`); `TraceError` (line 0) if it names a refused global or is no
+    pickle."""
+    import io
+
     try:
-        with open(path, "rb") as f:
-            return SafeUnpickler(f).load()
+        data = path.read_bytes()
+        _refuse_extensions(data)
+        return SafeUnpickler(io.BytesIO(data)).load()
     except RefusedGlobal as exc:
         raise TraceError(
             path,
@@ -125,16 +143,49 @@ def looks_like_source(path: Path) -> bool:
     return path.name.lower().endswith(".pkl")
 
 
+#: the most containers `_plain` walks (shared ones count once) and the deepest nesting it
+#: follows: a real dump's request record is a few hundred values a few levels deep, so these
+#: only stop a crafted file (a memo-shared list nested 60 deep expands to 2^60 items)
+_PLAIN_MAX_NODES = 10_000_000
+_PLAIN_MAX_DEPTH = 64
+
+
+class _PlainLimit(ValueError):
+    """A pickle whose data is cyclic, too deep or too large to be an SGLang dump."""
+
+
 def _plain(value: Any) -> Any:
     """`value` with SGLang objects turned into dicts of their fields (recursively in dicts
-    and lists)."""
-    if isinstance(value, SGLangObject):
-        return {k: _plain(v) for k, v in value.fields().items()}
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    return value
+    and lists); a value shared by several containers is converted once (memoized by id), a
+    cycle, more than `_PLAIN_MAX_DEPTH` levels or `_PLAIN_MAX_NODES` containers raise
+    `_PlainLimit`."""
+    memo: dict[int, Any] = {}
+    active: set[int] = set()
+
+    def walk(v: Any, depth: int) -> Any:
+        if not isinstance(v, SGLangObject | dict | list):
+            return v
+        key = id(v)
+        if key in memo:
+            return memo[key]
+        if key in active:
+            raise _PlainLimit("the data refers to itself (a cycle)")
+        if depth > _PLAIN_MAX_DEPTH:
+            raise _PlainLimit(f"the data is nested more than {_PLAIN_MAX_DEPTH} levels deep")
+        if len(memo) >= _PLAIN_MAX_NODES:
+            raise _PlainLimit(f"the data holds more than {_PLAIN_MAX_NODES:,} containers")
+        active.add(key)
+        if isinstance(v, SGLangObject):
+            out: Any = {k: walk(x, depth + 1) for k, x in v.fields().items()}
+        elif isinstance(v, dict):
+            out = {k: walk(x, depth + 1) for k, x in v.items()}
+        else:
+            out = [walk(x, depth + 1) for x in v]
+        active.discard(key)
+        memo[key] = out
+        return out
+
+    return walk(value, 0)
 
 
 def _records(path: Path, data: Any) -> list[RequestRecord]:
@@ -154,8 +205,15 @@ def _records(path: Path, data: Any) -> list[RequestRecord]:
                 path, line, "requests", "expected (obj, out, created_time, finished_time)"
             )
         obj, answer, created, finished = entry
-        obj = _plain(obj)
-        answer = _plain(answer)
+        try:
+            obj = _plain(obj)
+            answer = _plain(answer)
+        except _PlainLimit as exc:
+            msg = f"not an SGLang request record: {exc}"
+            raise TraceError(path, line, "requests", msg) from None
+        except RecursionError:
+            msg = "not an SGLang request record: nested too deep"
+            raise TraceError(path, line, "requests", msg) from None
         if not isinstance(obj, dict) or not isinstance(answer, dict):
             raise TraceError(path, line, "requests", "obj or out is not a request record")
         if type(created) not in (int, float):
