@@ -19,7 +19,10 @@ Per layer and rank, for ``T`` tokens in the pass:
   average, each with ``T k / hit`` tokens; expert width split by ``tp`` (SGLang's default
   tensor-parallel MoE, no expert parallelism); plus the shared experts as a dense MLP. At
   decode batch 1 this reads only the ``k`` active experts' weights; at large batches all of
-  them.
+  them. Fitted to published fused-MoE kernel timings (``hicache/data/moe_kernels/``,
+  ``bench/moe_kernels.py``): each MoE layer also pays :data:`MOE_FIXED_S` for the fused-MoE
+  path's other kernels, and the expert GEMMs run at the 16-bit FLOP rate even with FP8
+  weights (:data:`MOE_FP8_FLOP_SCALE`).
 * **attention kernel**: prefill: causal FA3 per request over its cached prefix
   (:func:`hicache.compute.prefill_attention_time`); decode: reading every request's KV at
   ``hbm_bw * decode_hbm_efficiency`` plus the kernel's fixed cost.
@@ -115,6 +118,21 @@ def _g(name: str, m: float, n: int, k: int, groups: float = 1.0) -> Op:
 #: **[model]** rows a fused-MoE kernel tile covers per expert: each expert's rows are padded
 #: to a multiple of it (SGLang's Triton fused_moe configs use BLOCK_SIZE_M 16-64 on H100)
 MOE_ROW_BLOCK = 64
+#: Seconds each MoE layer pays on top of its expert GEMMs and activation: the fused-MoE path's
+#: other kernels (top-k selection, ``moe_align_block_size``'s sort by expert, the top-k sum of
+#: the outputs; FP8's activation quantization). **[model]** fitted, the one free parameter, to
+#: the published kernel timings of ``hicache/data/moe_kernels/moe_kernels.json`` (the series
+#: timed under CUDA-graph replay: vLLM PR #24700 on H100, sglang PR #11730 on H200; 40 points,
+#: E 8-128, N 192-7,168): the value on a 0.5 us grid that minimises the median absolute log
+#: error of :func:`fused_moe_time` (``bench/moe_kernels.py --fit`` recomputes it). At M <= 4
+#: tokens the weight reads are 4-15 us on those shapes, so the measured 30-45 us floors fix it.
+MOE_FIXED_S = 14e-6
+#: FLOP rate of the expert GEMMs relative to the 16-bit rate when the weights are FP8.
+#: **[model]** 1: the Triton fused-MoE kernel with FP8 weights is not measured faster per FLOP
+#: than with 16-bit ones: Qwen3-30B-A3B FP8 on H100 (vLLM PR #24700) takes 1,648 us at 4,096
+#: tokens where the 16-bit rate alone would allow ~740 us, and vLLM PR #35457 (H200, E=128,
+#: N=96) measures FP8 only 10-17 % faster than BF16, both tuned. FP8 still halves the bytes.
+MOE_FP8_FLOP_SCALE = 1.0
 
 
 def gemm_time(
@@ -182,6 +200,49 @@ def expected_experts_hit(experts: int, top_k: int, tokens: float) -> float:
     return experts * (1.0 - float((1.0 - top_k / experts) ** tokens))
 
 
+def routed_expert_ops(
+    hidden: int, width: int, gated: bool, experts: int, top_k: int, t: int
+) -> list[Op]:
+    """The routed experts of one MoE layer for ``t`` tokens on a rank, ``width`` columns
+    each: the grouped up GEMM over the experts hit, the activation, the grouped down GEMM."""
+    hit = expected_experts_hit(experts, top_k, t)
+    return [  # t*k routed rows over `hit` experts
+        Op(o._replace(name=f"expert_{o.name}"), 1.0 if o.nbytes else hit)
+        for o in mlp_ops(hidden, width, gated, t * top_k, ACT_BYTES)
+    ]
+
+
+def op_time(gemm: GemmModel, o: Op, weight_bytes: float, flop_scale: float) -> float:
+    """Seconds of one op of a layer (:func:`gemm_time` or a memory-bound op); the routed
+    experts' GEMMs at :data:`MOE_FP8_FLOP_SCALE` where ``flop_scale`` is FP8's."""
+    op = o.op
+    if op.nbytes:
+        return gemm.elementwise_time(op.nbytes)
+    if op.name.startswith("expert_") and flop_scale != 1.0:
+        flop_scale = MOE_FP8_FLOP_SCALE
+    return gemm_time(gemm, op.m, op.n, op.k, o.groups, weight_bytes, flop_scale)
+
+
+def fused_moe_time(
+    gemm: GemmModel,
+    hidden: int,
+    width: int,
+    experts: int,
+    top_k: int,
+    tokens: int,
+    weight_bytes: float = GEMM_DTYPE_BYTES,
+    flop_scale: float = 1.0,
+    gated: bool = True,
+) -> float:
+    """Seconds of one fused-MoE call as the kernel benchmarks time it (no router GEMM, no
+    shared experts): :data:`MOE_FIXED_S` plus :func:`routed_expert_ops`. The forward model
+    charges exactly this per MoE layer (:meth:`ForwardModel.linear_s`)."""
+    if tokens <= 0:
+        return 0.0
+    ops = routed_expert_ops(hidden, width, gated, experts, top_k, tokens)
+    return MOE_FIXED_S + sum(op_time(gemm, o, weight_bytes, flop_scale) for o in ops)
+
+
 def mlp_block_ops(model: ModelSpec, tp: int, t: int, moe: bool) -> list[Op]:
     """The post-attention norm, the MLP (dense or MoE) and the residual add for ``t`` tokens."""
     h, b, gated = model.hidden_size, ACT_BYTES, model.gated_mlp
@@ -191,10 +252,7 @@ def mlp_block_ops(model: ModelSpec, tp: int, t: int, moe: bool) -> list[Op]:
     else:
         e, k = model.num_experts, model.experts_per_token
         ops.append(_g("moe_router", t, e, h))
-        hit = expected_experts_hit(e, k, t)
-        width = model.expert_intermediate_size // tp
-        for o in mlp_ops(h, width, gated, t * k, b):  # t*k routed rows over `hit` experts
-            ops.append(Op(o._replace(name=f"expert_{o.name}"), 1.0 if o.nbytes else hit))
+        ops += routed_expert_ops(h, model.expert_intermediate_size // tp, gated, e, k, t)
         if model.shared_expert_intermediate_size:
             shared = model.shared_expert_intermediate_size // tp
             for o in mlp_ops(h, shared, gated, t, b):
@@ -254,15 +312,7 @@ class ForwardModel:
 
     # --- parts ------------------------------------------------------------------------------
     def _ops_time(self, ops: Sequence[Op]) -> float:
-        total = 0.0
-        for o in ops:
-            op = o.op
-            if op.nbytes:
-                total += self.gemm.elementwise_time(op.nbytes)
-            else:
-                total += gemm_time(self.gemm, op.m, op.n, op.k, o.groups, self._weight_bytes,
-                                   self._flop_scale)  # fmt: skip
-        return total
+        return sum(op_time(self.gemm, o, self._weight_bytes, self._flop_scale) for o in ops)
 
     def _all_reduce(self, nbytes: float) -> float:
         """One all-reduce of ``nbytes`` per rank as SGLang runs it: its custom all-reduce
@@ -279,7 +329,11 @@ class ForwardModel:
             dense = (
                 self._ops_time(layer_ops(m, self.tp, tokens, moe=False)) if m.dense_layers else 0.0
             )
-            moe = self._ops_time(layer_ops(m, self.tp, tokens, moe=True)) if m.moe_layers else 0.0
+            moe = (
+                self._ops_time(layer_ops(m, self.tp, tokens, moe=True)) + MOE_FIXED_S
+                if m.moe_layers and tokens > 0
+                else 0.0
+            )
             got = (m.dense_layers * dense + m.moe_layers * moe) * self.profile.gemm_scale
             self._linear_memo[tokens] = got
         return got

@@ -19,6 +19,7 @@ from hicache.compute import (
     linear_time,
 )
 from hicache.forward import (
+    MOE_FIXED_S,
     MOE_ROW_BLOCK,
     Breakdown,
     ForwardModel,
@@ -369,11 +370,12 @@ def test_toy_forward_passes_by_hand() -> None:
     # 192 + 96 + 384 + 192, bytes 96 + 72 + 96 + 144 + 144 = 9 us + 1,416 ps; MoE layer:
     # 6 routed rows over 3.5 experts, padded to 3.5 x 64 = 224 rows: GEMMs 192 + 96 + router
     # 96 + experts 8*224*8 + 4*224*8 + shared 96 + 48 = 22,032, bytes 96 + 72 + 96 + 144 + 36
-    # + 144 = 588: 13 us + 22,620 ps; 2 dense + 1 MoE = 31 us + 25,452 ps, x gemm_scale 2
-    assert fm.linear_s(3) == pytest.approx(2 * (31e-6 + 25452 * PS), rel=1e-12)
+    # + 144 = 588: 13 us + 22,620 ps; 2 dense + 1 MoE = 31 us + 25,452 ps, plus the MoE
+    # layer's fixed fused-MoE cost, x gemm_scale 2
+    assert fm.linear_s(3) == pytest.approx(2 * (31e-6 + MOE_FIXED_S + 25452 * PS), rel=1e-12)
     # 2 tokens: dense 9 us + 576 + 368 ps; MoE: 4 rows over 3 experts, 3 x 64 = 192 rows:
     # GEMMs 128 + 64 + 64 + 12,288 + 6,144 + 64 + 32, bytes 392: 13 us + 19,176 ps
-    assert fm.linear_s(2) == pytest.approx(2 * (31e-6 + 21064 * PS), rel=1e-12)
+    assert fm.linear_s(2) == pytest.approx(2 * (31e-6 + MOE_FIXED_S + 21064 * PS), rel=1e-12)
     # collectives: 2 per layer + 1 after the embedding, of tokens x 8 x 2 bytes, and half of
     # one of the logits (positions x 11 x 2 bytes); custom all-reduce 1 us + (bytes - 10) x 10 ns
     assert fm.allreduce_s(3, 2) == pytest.approx(7 * 1.38e-6 + 0.5 * 1.34e-6, rel=1e-12)
