@@ -225,10 +225,30 @@ def test_decode_retraction_resumes_without_recompute() -> None:
     dec = frames["decode"]["requests"]
     assert s["roles"]["decode"]["retractions"] == s["retractions"] > 0
     assert s["finished_requests"] + s["rejected_requests"] == 400
-    too_long = [r.input_length + r.output_length > 40960 - 64 for r in trace.requests[:400]]
+    # the engine's rule: the KV in whole pages plus the reserve (0 here) over the decode pool
+    too_long = [-(-(r.input_length + r.output_length) // 64) * 64 > 40960
+                for r in trace.requests[:400]]  # fmt: skip
     assert s["rejected_requests"] == sum(too_long) > 0
     assert (dec["computed_tokens"] == 0).all()  # the decode server never prefilled
     pre = frames["prefill"]["requests"]
     done = pre[pre["finish_s"] >= 0]
     cached = done["device_hit_tokens"] + done["host_hit_tokens"] + done["storage_hit_tokens"]
     assert (done["computed_tokens"] + cached == done["prompt_tokens"]).all()  # prefilled once
+
+
+def test_a_closed_loop_session_goes_on_after_a_rejected_turn(tmp_path: Path) -> None:
+    # later turns outgrow a 2,048-token decode pool and are rejected at arrival; their
+    # followers still come, so the run ends with every turn accounted for (it stalled before)
+    from traces.generate import multiturn
+
+    trace = multiturn(clients=4, rounds=4, request_length=700, output_length=32,
+                      think_time_ms=200, closed_loop=True, block_size=64, seed=5)  # fmt: skip
+    # the third turn (about 2,200 tokens of KV) is the first that cannot fit: not a last turn
+    assert all(r.turn == 2 for r in trace.requests if 1536 < r.input_length + r.output_length
+               <= 2048 + 800)  # fmt: skip
+    cfg = load_config(None, ["pd.enabled=true", "pd.decode_set=gpu.device_tokens=2048",
+                             "pd.num_reserved_decode_tokens=0"])  # fmt: skip
+    s = run_simulation(cfg, trace)
+    assert s["requests"] == 16
+    assert s["rejected_requests"] == 8  # turns 2 and 3 of every client
+    assert s["finished_requests"] + s["rejected_requests"] == 16

@@ -221,7 +221,9 @@ class PdEngine:
         self._ended += 1
         if self._ended == self._total:
             self._all_done.succeed()
-        nxt = self._next_turn.pop(r.rid, None) if not r.rejected else None
+        # a rejected turn's follower still comes (the client goes on; every turn counts in
+        # _total, so the run would otherwise never end), as in sim.engine
+        nxt = self._next_turn.pop(r.rid, None)
         if nxt:
             follower = nxt[0]
             self._next_turn[follower] = nxt[1:]
