@@ -280,8 +280,7 @@ class Engine:
                 self._admit(r)
 
         env.process(arrivals())
-        for inst in self.instances:
-            env.process(inst.sched.run())
+        loops = [env.process(inst.sched.run()) for inst in self.instances]
         total = self._total
         self._bar = tqdm(total=total, desc="requests", unit="req", disable=self.progress is False
                          or None, mininterval=0.5)  # fmt: skip
@@ -290,7 +289,22 @@ class Engine:
                 self._run_watched(total)
         finally:
             self._bar.close()
+            close_loops(loops)
+            for inst in self.instances:
+                inst.release()
         return float(env.now)
+
+
+def close_loops(loops: Sequence[simpy.Process]) -> None:
+    """Close the schedulers' loops (their SimPy processes), which wait for ever once the run
+    is over, and let their generators go. A suspended generator compiled by mypyc holds its
+    scheduler in a way the cycle collector does not see, so while its process keeps it, every
+    compiled run's engine (its caches, trees and requests) outlives the run
+    (tests/sim/test_lazy_requests.py counts them). Nothing runs a process after its run."""
+    for proc in loops:
+        gen = proc._generator  # SimPy's own reference: the one that keeps the loop alive
+        gen.close()
+        proc._generator = None  # type: ignore[assignment]
 
 
 class SimReqSource(BuiltOnRead[SimReq]):

@@ -10,6 +10,7 @@ how much of a prompt its real cache holds on device and on host.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import simpy
@@ -111,6 +112,17 @@ class Instance:
             return
         self.sched.arrive(r)
 
+    def release(self) -> None:
+        """After the run: the compiled scheduler's and link's callbacks into this instance and
+        its engine replaced by no-ops. mypyc's classes do not show the cycle collector their
+        references to bound methods, so while they hold them every compiled run's engine (its
+        caches, trees and requests) outlives the run (tests/sim/test_lazy_requests.py)."""
+        s = self.sched
+        s.on_finish = _ignore
+        s.sample = _nothing
+        s.next_arrival = _never
+        self.link.on_change = None
+
     def _finished(self, r: SimReq) -> None:
         self.done += 1
         if r.finish < 0:  # rejected at arrival
@@ -171,3 +183,16 @@ class Instance:
         admission would (the first ``input_length - 1`` tokens), without touching it."""
         ps = self.sched.p.page_size
         return self.cache.peek_prefix(req.symbols, limit=max(0, req.input_length - 1) // ps * ps)
+
+
+def _ignore(r: SimReq) -> None:
+    """A released scheduler's ``on_finish``."""
+
+
+def _nothing() -> None:
+    """A released scheduler's ``sample``."""
+
+
+def _never() -> float:
+    """A released scheduler's ``next_arrival``: none is due."""
+    return math.inf

@@ -27,6 +27,7 @@ import simpy
 
 from hicache.lifecycle import PagedTrace
 from hicache.policy.radix import PageKey
+from sim.engine import close_loops
 from sim.instance import Instance
 from sim.pd.decode_cache import RadixDecodeRole
 from sim.pd.decode_side import DecodeRole
@@ -239,17 +240,20 @@ class PdEngine:
         """Simulate until every request has ended; returns the simulated duration."""
         env = self.env
         env.process(self._arrivals(self._plan()))
-        for inst in self.prefill:
-            env.process(inst.sched.run())
-        for d in self.decode:
-            env.process(d.inst.sched.run())
-        if self._total:
-            try:
-                env.run(until=self._all_done)
-            except RuntimeError as e:
-                if self._all_done.triggered:
-                    raise
-                raise RuntimeError(self._stall_message()) from e
+        loops = [env.process(inst.sched.run()) for inst in self.prefill]
+        loops += [env.process(d.inst.sched.run()) for d in self.decode]
+        try:
+            if self._total:
+                try:
+                    env.run(until=self._all_done)
+                except RuntimeError as e:
+                    if self._all_done.triggered:
+                        raise
+                    raise RuntimeError(self._stall_message()) from e
+        finally:
+            close_loops(loops)  # a compiled loop left waiting would keep this engine alive
+            for inst in [*self.prefill, *(d.inst for d in self.decode)]:
+                inst.release()
         return float(env.now)
 
     def _stall_message(self) -> str:

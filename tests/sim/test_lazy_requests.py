@@ -119,3 +119,24 @@ def test_a_run_holds_no_finished_request(monkeypatch: pytest.MonkeyPatch, versio
     summary = run_simulation(cfg, read_trace(MOONCAKE_CONVERSATION), None, progress=False)
     assert summary["requests"] == 200
     assert alive == [0]
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [[], ["sglang.version=0.5.14"], ["storage.backend=mooncake"], ["cluster.instances=2"],
+     ["pd.enabled=true"]],
+)  # fmt: skip
+def test_no_engine_outlives_its_run(sets: list[str]) -> None:
+    """A finished run leaves nothing behind: its engine, instances and caches go (compiled,
+    a scheduler loop left suspended and the schedulers' and links' callbacks once kept every
+    run's engine alive for ever, and with it every PD run's requests)."""
+    from sim.instance import Instance
+
+    cfg = load_config(None, ["workload.max_requests=40", *sets])
+    trace = read_trace(MOONCAKE_CONVERSATION)
+    for _ in range(2):
+        run_simulation(cfg, trace, None, progress=False)
+    gc.collect()
+    assert sum(1 for o in gc.get_objects() if type(o) is Engine) == 0
+    assert sum(1 for o in gc.get_objects() if type(o) is Instance) == 0
+    assert sum(1 for o in gc.get_objects() if type(o) is SimReq) == 0
