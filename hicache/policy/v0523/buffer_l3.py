@@ -199,23 +199,9 @@ class BufferStorageAttachment(StorageAttachment):
         self.tree.dec_lock_ref(lock[0])
         self.anchor_locked_tokens -= lock[1]
 
-    def release_aborted_request(self, rid: Hashable) -> None:
-        self.waits.pop(rid, None)
-        self.loaded_tokens.pop(rid, None)
-        self.loaded_start.pop(rid, None)
-        self.retries.cancel(rid)
-        if self.release_staged_hold(rid):
-            return
-        info = self.ongoing_prefetch.get(rid)
-        if info is None:
-            return
-        self.stats.aborted += 1
-        info.op.mark_terminate()
-        if not info.op.allocated:
-            self.revoke_pending_prefetch(rid)
-            return
-        assert info.host_pages is not None
-        self._retire(rid, info.host_pages[: info.op.completed_tokens // self.page_size])
+    def _release_held(self, rid: Hashable) -> bool:
+        """An aborted request's staged hold goes first: when it had one, that was all."""
+        return self.release_staged_hold(rid)
 
     def release_staged_hold(self, rid: Hashable) -> bool:
         """Free a staged hold outright: anchor pin, bounce, occupancy (pipeline.py:2010-2025)."""

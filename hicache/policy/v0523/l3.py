@@ -426,6 +426,8 @@ class StorageAttachment:
         self.loaded_tokens.pop(rid, None)
         self.loaded_start.pop(rid, None)
         self.retries.cancel(rid)
+        if self._release_held(rid):
+            return
         info = self.ongoing_prefetch.get(rid)
         if info is None:
             return
@@ -436,6 +438,11 @@ class StorageAttachment:
             return
         assert info.host_pages is not None
         self._retire(rid, info.host_pages[: info.op.completed_tokens // self.page_size])
+
+    def _release_held(self, rid: Hashable) -> bool:
+        """What an aborted request holds besides its prefetch (cache mode: nothing); True
+        when that was all it held."""
+        return False
 
     def _retire(self, rid: Hashable, release: list[int] | None) -> None:
         """``_retire_ongoing_prefetch``."""
