@@ -106,6 +106,18 @@ class KVLifecycle0523:
     def release(self, node: UNode) -> None:
         self.cache.dec_lock_ref(node)
 
+    def load_back_pinned(self, m: Match) -> tuple[list[int], UNode]:
+        """:meth:`load_back` with its anchor pinned (a host lock and a device lock on
+        ``m.best`` for the call, as the admission and the PD decode side both do)."""
+        best = m.best
+        uuid = self.cache.tree.inc_host_lock_ref(best)
+        self.hold(best)
+        try:
+            return self.load_back(m)
+        finally:
+            self.release(best)
+            self.cache.tree.dec_host_lock_ref(best, uuid)
+
     def load_back(self, m: Match) -> tuple[list[int], UNode]:
         """``init_load_back`` of ``m`` when its best node is evicted or it has a host hit;
         returns the request's device prefix pages and the node its lock goes on."""

@@ -279,14 +279,7 @@ class Scheduler0523(Scheduler):
                 last = got[1]
                 prefix = cache.tree.path_device_pages(last, cache.root)
             elif m.host_hit_length > 0:  # needs_host_load_back
-                best = m.best
-                uuid = cache.tree.inc_host_lock_ref(best)
-                life.hold(best)
-                try:
-                    prefix, last = life.load_back(m)
-                finally:
-                    life.release(best)
-                    cache.tree.dec_host_lock_ref(best, uuid)
+                prefix, last = life.load_back_pinned(m)
                 loaded = (len(prefix) - len(m.device_pages)) * ps
                 if 0 < loaded != m.host_hit_length:  # SGLang raises: all or nothing
                     raise RuntimeError(

@@ -144,14 +144,7 @@ class RadixDecodeRole(DecodeRole):
                 break
             prefix, last = m.device_pages, m.last_device
             if m.host_hit_length > 0:  # init_load_back of the host part, its anchor pinned
-                best = m.best
-                uuid = cache.tree.inc_host_lock_ref(best)
-                life.hold(best)
-                try:
-                    prefix, last = life.load_back(m)
-                finally:
-                    life.release(best)
-                    cache.tree.dec_host_lock_ref(best, uuid)
+                prefix, last = life.load_back_pinned(m)
             held = len(prefix)  # pages of decode_prefix_len (the list grows into the KV)
             loaded = held - len(m.device_pages)
             got = life.alloc(pages - held, (pages - held) * ps)
