@@ -65,6 +65,11 @@ def add_hitrate(sub: Any) -> None:
         help="cache: a finished request inserts prompt + outputs, as SGLang's "
         "cache_finished_req (default); skip: the prompt only",
     )  # fmt: skip
+    p.add_argument(
+        "--output-reuse", choices=("none", "next_turn"), default="none",
+        help="none: output pages never hit (default); next_turn: a session turn's output "
+        "pages are what its next prompt sends back there (workload.output_reuse)",
+    )  # fmt: skip
     from hicache.versions import DEFAULT_SGLANG_VERSION, SGLANG_VERSIONS
 
     p.add_argument(
@@ -198,6 +203,7 @@ def _hitrate_configs(args: argparse.Namespace, notes: list[str]) -> list[Any]:
             eviction=ev,
             write_policy=wp,
             outputs=args.outputs,
+            output_reuse=args.output_reuse,
             storage=l3 is not None,
             storage_tokens=l3 or 0,
             prefetch_policy=args.prefetch_policy,

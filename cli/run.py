@@ -181,6 +181,7 @@ def cache_only_note(cfg: Any, trace: Any, summary: dict[str, Any]) -> str | None
     one = HitRateConfig(
         device, host if cfg.cache.enable_host else 0, cfg.cache.page_size, cfg.cache.eviction,
         cfg.cache.write_policy, outputs=cfg.workload.outputs, sglang_version=cfg.sglang.version,
+        output_reuse=cfg.workload.output_reuse,
     )  # fmt: skip
     limit = cfg.workload.max_requests or None
     sliced = replace(trace, requests=trace.requests[:limit])

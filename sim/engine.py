@@ -16,7 +16,7 @@ import math
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Hashable, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import simpy
 
 from hicache.lifecycle import PagedTrace, page_keys
+from hicache.output_keys import no_output_keys, output_keys_for
 from hicache.policy import PageAllocator
 from hicache.policy.radix import PageKey
 from sim.cache_types import AnyCache
@@ -318,16 +319,19 @@ class SimReqSource(BuiltOnRead[SimReq]):
         paged: PagedTrace,
         keys: Callable[[int], PageKey],
         aborted: frozenset[int] = frozenset(),
+        outs: Callable[[int], list[Hashable]] = no_output_keys,
     ) -> None:
         self.paged = paged
         self.keys = keys
         self.aborted = aborted  # indices SGLang aborts at arrival (traces.context)
+        self.outs = outs  # output page symbols (workload.output_reuse, hicache.output_keys)
 
     def __len__(self) -> int:
         return len(self.paged)
 
     def _get(self, i: int) -> SimReq:
-        return SimReq(self.paged[i], keys=self.keys, aborted=i in self.aborted)
+        return SimReq(self.paged[i], keys=self.keys, aborted=i in self.aborted,
+                      out_symbols=self.outs(i))  # fmt: skip
 
 
 class _Arrivals:
@@ -450,7 +454,10 @@ def run_simulation(
     paged = PagedTrace(
         trace, ps, rate_scale=cfg.workload.rate_scale, limit=cfg.workload.max_requests
     )
-    reqs = SimReqSource(paged, page_keys(trace, ps), limited.aborted if limited else frozenset())
+    outs = output_keys_for(cfg.workload.output_reuse, trace, ps, cfg.workload.max_requests)
+    reqs = SimReqSource(
+        paged, page_keys(trace, ps), limited.aborted if limited else frozenset(), outs
+    )
     closed_loop = resolve_closed_loop(cfg.workload.closed_loop, trace, len(paged))
     sp = cfg.scheduler
     engine = Engine(

@@ -43,6 +43,7 @@ from hicache.lifecycle import (
     PagedRequest,
     paged_requests,
 )
+from hicache.output_keys import OUTPUT_REUSE_MODES, no_output_keys, output_keys_for
 from hicache.policy import (
     STRATEGIES,
     WRITE_POLICIES,
@@ -71,6 +72,10 @@ class HitRateConfig:
     eviction: str = "lru"
     write_policy: str = "write_through"
     outputs: str = "cache"
+    output_reuse: str = "none"
+    """``workload.output_reuse``: ``next_turn`` gives a session turn's output pages its next
+    prompt's symbols there (:mod:`hicache.output_keys`; the replay needs the trace for it:
+    :func:`replay`'s ``trace``)."""
     storage: bool = False
     """An L3 storage tier behind the host pool (needs ``host_tokens``)."""
     storage_tokens: int = 0
@@ -127,6 +132,8 @@ class HitRateConfig:
             )
         if self.outputs not in OUTPUT_MODES:
             raise ValueError(f"outputs must be one of {', '.join(OUTPUT_MODES)}")
+        if self.output_reuse not in OUTPUT_REUSE_MODES:
+            raise ValueError(f"output_reuse must be one of {', '.join(OUTPUT_REUSE_MODES)}")
         if self.storage and not self.host_tokens:
             raise ValueError("an L3 storage tier needs a host tier (host tokens > 0)")
         if self.storage_tokens < 0 or self.storage_tokens % p:
@@ -185,6 +192,8 @@ class CacheReplay:
             volatile_keys=eviction_key is not None,
         )
         self.life = KVLifecycle(self.cache, cfg.outputs)
+        # output page symbols per request (workload.output_reuse; set by replay)
+        self.outs: Callable[[int], list[Hashable]] = no_output_keys
         self.result = HitRateResult()
         self.storage: StorageController | None = None
         if cfg.storage:
@@ -229,7 +238,7 @@ class CacheReplay:
         life.after_prefill(a.kv)
         cache.writing_check()
         if life.alloc_outputs(a.kv, r.kv_tokens):
-            life.finish(a.kv, key, [], r.kv_tokens)
+            life.finish(a.kv, key, self.outs(r.rid), r.kv_tokens)
             cache.writing_check()
         else:
             res.oom_requests += 1
@@ -324,6 +333,8 @@ class CacheReplay0523:
             host_memory_mode=cfg.host_memory_mode,
         )
         self.life = KVLifecycle0523(self.cache, cfg.outputs)
+        # output page symbols per request (workload.output_reuse; set by replay)
+        self.outs: Callable[[int], list[Hashable]] = no_output_keys
         self.result = HitRateResult()
         self.storage: Any = None
         self.buffer: Any = None
@@ -387,7 +398,7 @@ class CacheReplay0523:
         life.after_prefill(a.kv, len(key))
         cache.check_hicache_events()  # the batch result's flush, then the step's acks
         if life.alloc_outputs(a.kv, r.kv_tokens):
-            life.finish(a.kv, key, [], r.kv_tokens)
+            life.finish(a.kv, key, self.outs(r.rid), r.kv_tokens)
             cache.check_hicache_events()
         else:
             res.oom_requests += 1
@@ -443,22 +454,34 @@ class CacheReplay0523:
         return res
 
 
-def replay(requests: Sequence[PagedRequest], cfg: HitRateConfig) -> HitRateResult:
-    """Run the cache-only replay of ``requests`` under ``cfg`` (``eviction="oracle"`` allowed)."""
+def replay(
+    requests: Sequence[PagedRequest], cfg: HitRateConfig, trace: Any = None
+) -> HitRateResult:
+    """Run the cache-only replay of ``requests`` under ``cfg`` (``eviction="oracle"`` allowed).
+    ``trace``: the trace ``requests`` came from (``requests_for``), needed for
+    ``cfg.output_reuse = "next_turn"``."""
+    outs: Callable[[int], list[Hashable]] = no_output_keys
+    if cfg.output_reuse != "none":
+        if trace is None:
+            raise ValueError("output_reuse needs the trace the requests came from")
+        outs = output_keys_for(cfg.output_reuse, trace, cfg.page_size, len(requests))
     if cfg.sglang_version != "0.5.14":
         rp23 = CacheReplay0523(cfg)
+        rp23.outs = outs
         for r in requests:
             rp23.step(r)
         return rp23.finish()
     if cfg.eviction == "oracle":
         oracle = NextUseOracle(requests)
         rp = CacheReplay(cfg, eviction_key=oracle.key)
+        rp.outs = outs
         oracle.cache = rp.cache
         for i, r in enumerate(requests):
             oracle.now = i
             rp.step(r)
         return rp.finish()
     rp = CacheReplay(cfg)
+    rp.outs = outs
     for r in requests:
         rp.step(r)
     return rp.finish()

@@ -33,6 +33,8 @@ SCHEDULER_ENGINES = ("fast", "reference")
 CLOSED_LOOP_MODES = ("auto", "on", "off")
 #: What ``cache_finished_req`` inserts: prompt + outputs, or the prompt only (as sim.hitrate).
 OUTPUT_MODES = ("cache", "skip")
+#: Which symbols a request's output pages get (``workload.output_reuse``, hicache.output_keys).
+OUTPUT_REUSE_MODES = ("none", "next_turn")
 #: ``cache.eviction`` names: SGLang 0.5.14's strategies, and ``tlru`` (0.5.21+, so
 #: ``sglang.version`` 0.5.23 only; checked across sections by :class:`SimConfig`).
 EVICTION_CHOICES = (*STRATEGIES, "tlru")
@@ -390,6 +392,12 @@ class WorkloadConfig:
     closed_loop: str = "auto"
     # outputs enter the cache at finish, as cache_finished_req does in SGLang
     outputs: str = "cache"
+    # none: output pages get symbols of their own (they take cache space, no later prompt
+    # hits them). next_turn: a session turn's output pages get the symbols of its session's
+    # next prompt at those positions, when that prompt extends this one (a chat client sends
+    # the answer back in the next turn, so SGLang matches the cached output KV there;
+    # hicache.output_keys)
+    output_reuse: str = "none"
     # 0 = no warm-up window. Else the requests that arrive within this many simulated seconds
     # (after rate_scale) of the first arrival run (they fill the caches and load the server as
     # on a server already running) but count in no summary figure (sim.metrics.summarize;
@@ -421,6 +429,7 @@ class WorkloadConfig:
             )
         _choice("workload.closed_loop", self.closed_loop, CLOSED_LOOP_MODES)
         _choice("workload.outputs", self.outputs, OUTPUT_MODES)
+        _choice("workload.output_reuse", self.output_reuse, OUTPUT_REUSE_MODES)
 
 
 @dataclass(frozen=True)

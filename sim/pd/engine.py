@@ -19,13 +19,14 @@ once, each picked by its own router):
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Hashable
 from dataclasses import dataclass
 from typing import Any
 
 import simpy
 
 from hicache.lifecycle import PagedTrace
+from hicache.output_keys import no_output_keys
 from hicache.policy.radix import PageKey
 from sim.engine import close_loops
 from sim.instance import Instance
@@ -65,10 +66,12 @@ class PdEngine:
         closed_loop: bool,
         aborted: frozenset[int] = frozenset(),
         decode_radix_cache: bool = False,
+        outs: Callable[[int], list[Hashable]] = no_output_keys,
     ) -> None:
         self.env = simpy.Environment()
         env = self.env
         self.paged, self.keys, self.aborted = paged, keys, aborted
+        self.outs = outs  # the decode side's output page symbols (workload.output_reuse)
         self.prefill = [
             Instance(env, i, on_finished=self._prefill_done, next_arrival=_never,
                      **prefill.kwargs)
@@ -105,7 +108,7 @@ class PdEngine:
         p = self.paged[i]
         pre = SimReq(p, keys=self.keys, aborted=i in self.aborted)
         pre.output_length = 1  # the prefill server stops at the first token
-        dec = SimReq(p, keys=self.keys)
+        dec = SimReq(p, keys=self.keys, out_symbols=self.outs(i))
         return PdReq(pre, dec, arrival=self.env.now)
 
     def _arrive(self, i: int) -> None:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from hicache.config import ConfigError, SimConfig, config_to_dict, resolve_pools, with_overrides
 from hicache.lifecycle import PagedTrace, page_keys
+from hicache.output_keys import output_keys_for
 from sim.costs import build_costs
 from sim.metrics import write_json_atomic, write_parquet_atomic
 from sim.pd.engine import PdEngine, RoleSpec
@@ -112,6 +113,7 @@ def build_pd_engine(cfg: SimConfig, trace: Trace) -> tuple[PdEngine, dict[str, A
         reserved_decode_tokens=pd.num_reserved_decode_tokens,
         closed_loop=resolve_closed_loop(cfg.workload.closed_loop, trace, len(paged)),
         decode_radix_cache=cfg.pd.decode_radix_cache,
+        outs=output_keys_for(cfg.workload.output_reuse, trace, ps, cfg.workload.max_requests),
     )
     roles = {
         "prefill": {"config": config_to_dict(pre), **pre_pools},

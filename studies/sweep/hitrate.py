@@ -20,13 +20,14 @@ if TYPE_CHECKING:
 # page size -> the trace's requests (sim.hitrate.requests_for); filled by run_hitrate_grid
 # before the workers fork
 _REQUESTS: dict[int, list[Any]] = {}
+_TRACE: list[Any] = []  # the trace itself (workload.output_reuse needs its sessions)
 
 
 def hitrate_job(cfg: HitRateConfig) -> dict[str, Any]:
     """One row: the config's fields, then :meth:`sim.hitrate.HitRateResult.as_dict`."""
     from sim.hitrate import replay
 
-    res = replay(_REQUESTS[cfg.page_size], cfg)
+    res = replay(_REQUESTS[cfg.page_size], cfg, _TRACE[0] if _TRACE else None)
     return {**asdict(cfg), **res.as_dict()}
 
 
@@ -47,6 +48,7 @@ def run_hitrate_grid(
     for cfg in configs:
         cfg.validate()
     try:
+        _TRACE[:] = [trace]
         for cfg in configs:
             if cfg.page_size not in _REQUESTS:
                 _REQUESTS[cfg.page_size] = requests_for(trace, cfg.page_size)
@@ -58,6 +60,7 @@ def run_hitrate_grid(
             bar.close()
     finally:
         _REQUESTS.clear()
+        _TRACE.clear()
 
 
 __all__ = ["hitrate_job", "run_hitrate_grid"]
