@@ -42,9 +42,10 @@ metric                                             labels (both versions unless 
 =================================================  =========================================
 
 ``model_name`` is the run's model (SGLang's ``--served-model-name``, by default the model
-path: compare-metrics ignores it), ``engine_type`` ``unified`` (no PD disaggregation), every
-rank label 0, ``is_streaming`` ``true`` (``bench_serving`` streams), ``cache_type``
-``HiRadixCache`` (0.5.14) or ``UnifiedRadixCache`` (0.5.23).
+path: compare-metrics ignores it), ``engine_type`` ``unified`` (no PD disaggregation; a PD
+run's servers are ``prefill`` / ``decode``, :mod:`sim.pd.prom`), every rank label 0,
+``is_streaming`` ``true`` (``bench_serving`` streams), ``cache_type`` ``HiRadixCache``
+(0.5.14) or ``UnifiedRadixCache`` (0.5.23).
 
 How each is counted, as SGLang counts it:
 
@@ -77,8 +78,8 @@ Left out, and why:
 - L3 detail counters (``storage_prefetch_hit_tokens_total``,
   ``storage_prefetch_unfulfilled_tokens_total`` by reason, ``prefetch_pgs``,
   ``prefetch_bandwidth``, ...): per-attempt and per-batch figures the tier does not record;
-- speculative decoding, grammar, LoRA, PD disaggregation, DP attention, encoder, routing-key,
-  startup and memory metrics: not simulated.
+- speculative decoding, grammar, LoRA, DP attention, encoder, routing-key, startup and memory
+  metrics: not simulated (a PD run's metrics, per server: :mod:`sim.pd.prom`).
 
 The text format is written here (Prometheus text exposition 0.0.4, as
 ``prometheus_client.generate_latest`` prints it: sorted labels, Go float formatting, no
@@ -222,10 +223,17 @@ def run_families(
     host_tokens: int,
     warmup_end_s: float | None = None,
     storage: Mapping[str, Any] | None = None,
+    engine_type: str = "unified",
+    extra_labels: Mapping[str, str] | None = None,
 ) -> list[Family]:
     """The families of one run: ``requests`` and ``transfers`` are the run's tables (the
     requests with the ``cached_tokens*`` columns, and the ``warmup`` column when the run had a
-    window); ``storage``: ``summary.json``'s ``storage`` block (L3 on), else None."""
+    window); ``storage``: ``summary.json``'s ``storage`` block (L3 on), else None.
+
+    ``engine_type``: SGLang's label of the server's disaggregation mode (``unified``, or
+    ``prefill`` / ``decode`` for one server of a PD run, :mod:`sim.pd.prom`);
+    ``extra_labels``: labels put on every series, as ``--extra-metric-labels`` does (a PD
+    run's ``server``)."""
     v23 = sglang_version != "0.5.14"
     req = requests
     if "warmup" in req.columns:
@@ -234,10 +242,14 @@ def run_families(
     tr = transfers
     if warmup_end_s is not None and len(tr):
         tr = tr[tr["start_s"] >= warmup_end_s]
-    tok = {"model_name": model_name, "engine_type": "unified"}
+    extra = dict(extra_labels or {})
+    tok = {"model_name": model_name, "engine_type": engine_type, **extra}
     stream = {**tok, "is_streaming": "true"} if v23 else tok
     sched = {**tok, "moe_ep_rank": 0, "pp_rank": 0, "tp_rank": 0}
-    cache: dict[str, Any] = {"cache_type": CACHE_TYPE.get(sglang_version, "UnifiedRadixCache")}
+    cache: dict[str, Any] = {
+        "cache_type": CACHE_TYPE.get(sglang_version, "UnifiedRadixCache"),
+        **extra,
+    }
     if v23:
         cache |= {"dp_rank": 0, "pp_rank": 0, "tp_rank": 0}
 
@@ -343,7 +355,7 @@ def run_families(
         ]  # fmt: skip
     if storage is not None:
         st = {"attn_cp_rank": 0, "attn_cp_size": 1, "dp_rank": 0, "pp_rank": 0, "pp_size": 1,
-              "storage_backend": backend or "unknown", "tp_rank": 0}  # fmt: skip
+              "storage_backend": backend or "unknown", "tp_rank": 0, **extra}  # fmt: skip
         pre, back = storage.get("prefetched_tokens", 0), storage.get("backed_up_tokens", 0)
         fams += [
             counter("sglang:prefetched_tokens_total",
