@@ -115,3 +115,29 @@ def test_pd_decode_radix_cache_holds_the_answer(tmp_path: Path) -> None:
 def test_unknown_mode_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match=r"workload\.output_reuse"):
         load_config(None, ["workload.output_reuse=always"])
+
+
+@pytest.mark.parametrize(
+    ("extra", "from_l3"),
+    [
+        (["pd.decode_radix_cache=true"], 512),  # decode HiCache writes the answer to the store
+        ([], 0),  # no decode tree: nothing of the answer reaches the store
+        (["pd.decode_radix_cache=true", "storage.shared=no"], 0),  # a store per server
+        # different TP per role: SGLang's page keys carry the rank's shard, no sharing
+        (["pd.decode_radix_cache=true", "pd.decode_set=model.tp=2"], 0),
+    ],
+)
+def test_pd_prefill_prefetches_the_answer_a_decode_server_stored(
+    tmp_path: Path, extra: list[str], from_l3: int
+) -> None:
+    """With a store both roles share (Mooncake), the decode server's finished turn 0 (prompt
+    and answer, backed up from its tree through its host pool) is in L3 when turn 1 reaches
+    the prefill server: the 512 answer tokens past its own 1,024 come from L3 there."""
+    trace = _trace(tmp_path, TURNS)
+    cfg = load_config(None, [*BASE, "pd.enabled=true", "workload.output_reuse=next_turn",
+                             "storage.backend=mooncake", *extra])  # fmt: skip
+    frames: dict[str, Any] = {}
+    run_simulation(cfg, trace, frames_out=frames)
+    pre = frames["prefill"]["requests"]
+    assert list(pre["device_hit_tokens"]) == [0, 1024]
+    assert list(pre["storage_hit_tokens"]) == [0, from_l3]

@@ -54,15 +54,15 @@ def role_configs(cfg: SimConfig) -> tuple[SimConfig, SimConfig]:
     return pre, dec
 
 
-def _role_kwargs(rc: SimConfig, *, decode: bool) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``Instance`` keyword arguments of a role and what config.json says of its pools. The
-    decode role has a host tier only with its radix cache (``pd.decode_radix_cache``) and
-    ``cache.enable_host`` (SGLang's ``enable_decode_hicache``, scheduler.py:520-523), and no
-    L3 (decode-side L3 is not modelled)."""
+def _role_kwargs(
+    rc: SimConfig, storage: StorageSetup | None, host_tier: bool
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``Instance`` keyword arguments of a role (its L3 tier ``storage``, see
+    :func:`role_storage`; a host tier if ``host_tier``) and what config.json says of its
+    pools."""
     device, host, _ = resolve_pools(rc)
+    host = host if host_tier else 0
     costs = build_costs(rc)
-    decode_hicache = rc.pd.decode_radix_cache and rc.cache.enable_host
-    host = 0 if (decode and not decode_hicache) or not rc.cache.enable_host else host
     ps = rc.cache.page_size
     kwargs = {
         "device_tokens": device,
@@ -74,11 +74,51 @@ def _role_kwargs(rc: SimConfig, *, decode: bool) -> tuple[dict[str, Any], dict[s
         "sched": SchedulerParams(page_size=ps, outputs=rc.workload.outputs, **asdict(rc.scheduler)),
         "timeline_max_rows": rc.run.timeline_max_rows,
         "load_back_threshold": rc.cache.load_back_threshold,
-        "storage": None if decode else StorageSetup.from_config(rc, costs.bytes_per_page),
+        "storage": storage,
         "sglang_version": rc.sglang.version,
         "eviction_params": rc.cache.eviction_params(),
     }
     return kwargs, {"device_tokens": device, "host_tokens": host}
+
+
+def decode_hicache(dec: SimConfig) -> bool:
+    """The decode servers run HiCache: their radix cache (``pd.decode_radix_cache``) and
+    ``cache.enable_host`` (SGLang's ``enable_decode_hicache``, scheduler.py:520-523). Without
+    it a decode server has no host tier and no L3."""
+    return dec.pd.decode_radix_cache and dec.cache.enable_host
+
+
+def role_storage(
+    pre: SimConfig, dec: SimConfig, prefill_instances: int, decode_instances: int
+) -> tuple[StorageSetup | None, StorageSetup | None]:
+    """Each role's L3 tier. The prefill servers' as without PD; the decode servers' only with
+    decode-side HiCache (:func:`decode_hicache`) and a storage backend in their config: their
+    finished requests' KV (prompt and outputs, inserted into the decode tree) is backed up to
+    it as on any HiCache server. A shared backend (Mooncake, 3FS: ``storage.shared``) is one
+    store for both roles when both roles' L3 settings and TP agree (SGLang's page keys carry
+    the TP rank's shard): what a decode server wrote, a prefill server can prefetch.
+    Decode-side L3 *prefetch* at pre-allocation (``l3_storage_hit_length``) is not modelled
+    (sim.pd.decode_cache)."""
+    pre_bytes = build_costs(pre).bytes_per_page
+    p_setup = StorageSetup.from_config(pre, pre_bytes)
+    if p_setup is not None:
+        p_setup.instances = prefill_instances
+    if not decode_hicache(dec):
+        return p_setup, None
+    d_setup = StorageSetup.from_config(dec, build_costs(dec).bytes_per_page)
+    if d_setup is None:
+        return p_setup, None
+    if (
+        p_setup is not None
+        and p_setup.shared
+        and d_setup.shared
+        and pre.storage == dec.storage
+        and pre.model.tp == dec.model.tp
+    ):
+        p_setup.instances = prefill_instances + decode_instances
+        return p_setup, p_setup
+    d_setup.instances = decode_instances
+    return p_setup, d_setup
 
 
 def build_pd_engine(cfg: SimConfig, trace: Trace) -> tuple[PdEngine, dict[str, Any]]:
@@ -90,13 +130,14 @@ def build_pd_engine(cfg: SimConfig, trace: Trace) -> tuple[PdEngine, dict[str, A
         raise ConfigError(
             "pd.decode_radix_cache", "the decode radix cache is modelled for sglang.version 0.5.23"
         )
-    pre_kw, pre_pools = _role_kwargs(pre, decode=False)
-    dec_kw, dec_pools = _role_kwargs(dec, decode=True)
+    pd = cfg.pd
+    p_store, d_store = role_storage(pre, dec, pd.prefill_instances, pd.decode_instances)
+    pre_kw, pre_pools = _role_kwargs(pre, p_store, pre.cache.enable_host)
+    dec_kw, dec_pools = _role_kwargs(dec, d_store, decode_hicache(dec))
     ps = pre.cache.page_size
     paged = PagedTrace(
         trace, ps, rate_scale=cfg.workload.rate_scale, limit=cfg.workload.max_requests
     )
-    pd = cfg.pd
     routers = (
         build_router(replace(pre.router, policy=pd.prefill_router), pd.prefill_instances, ps),
         build_router(replace(dec.router, policy=pd.decode_router), pd.decode_instances, ps),
