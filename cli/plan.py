@@ -1,6 +1,7 @@
 """``hicache-sim plan``: how many instances (GPUs, servers) a trace needs to meet its targets,
 with and without the host tier, and so how many HiCache saves, like for like (the planning is
-:mod:`studies.plan`).
+:mod:`studies.plan`). With ``--pd`` (or ``pd.enabled`` in the config): the cheapest
+prefill:decode split, and what decode-side HiCache changes (:mod:`studies.plan.pd`).
 
 Every input is checked before the first evaluation: targets, variants, routers, the config of
 every configuration, the output folder, and the target keys (against a one-request probe
@@ -22,6 +23,7 @@ from cli.errors import UserError, input_and_os_errors
 
 if TYPE_CHECKING:
     from studies.plan import Plan
+    from studies.plan.pd import PdPlan
 
 DEFAULT_VARIANTS_TEXT = "'no host tier', 'host x2' (cache.hicache_ratio=2), 'host x4' (ratio 4)"
 
@@ -61,8 +63,16 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         help="price of one GPU-hour: adds a cost column and the saving in dollars",
     )  # fmt: skip
     p.add_argument(
-        "--router", default="cache_aware", metavar="POLICY[,POLICY...]",
-        help="router policies, comma-separated (one row each; default cache_aware)",
+        "--router", default=None, metavar="POLICY[,POLICY...]",
+        help="router policies, comma-separated (one row each; default cache_aware; not with "
+        "--pd: PD runs route with pd.prefill_router / pd.decode_router)",
+    )  # fmt: skip
+    p.add_argument(
+        "--pd", action="store_true",
+        help="plan a prefill/decode-disaggregated fleet (sets pd.enabled; also on when the "
+        "config has it): the split of prefill:decode servers with the fewest GPUs that meets "
+        "every target, per variant (default: decode cache off, decode radix cache (L1), "
+        "decode L1+L2 (host x2)), and what decode-side HiCache changes",
     )  # fmt: skip
     p.add_argument(
         "--variant", action="append", default=[], metavar="'NAME:KEY=VALUE[,KEY=VALUE...]'",
@@ -71,7 +81,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument(
         "--max-instances", type=int_at_least(1), default=64,
-        help="the largest instance count tried (default 64); beyond it: '> max'",
+        help="the largest instance count tried (default 64; with --pd, per role); beyond it: "
+        "'> max'",
     )  # fmt: skip
     p.add_argument(
         "--out", type=Path, help="folder for plan.json, plan.csv, plan.png and plan.html"
@@ -103,40 +114,34 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-def _inputs(args: argparse.Namespace) -> tuple[Any, Any, list[Any], list[Any], Any]:
-    """(config, trace, configurations, targets, SLO or None), every one checked;
+def _inputs(args: argparse.Namespace) -> tuple[bool, Any, list[Any], list[Any], Any]:
+    """(a PD plan?, trace, configurations, targets, SLO or None), every one checked;
     ``UserError`` else."""
     from cli.config import resolve_config
     from cli.inputs import load_trace, max_requests_override
-    from studies.plan import (
-        DEFAULT_VARIANTS,
-        build_configs,
-        check_settable,
-        parse_slo,
-        parse_target,
-        parse_variant,
-        summary_keys,
-    )
+    from studies.plan import parse_slo, parse_target, summary_keys
 
     if args.address and args.executor != "ray":
         raise UserError("--address needs --executor ray")
     if not (math.isfinite(args.gpu_hour_usd) and args.gpu_hour_usd >= 0):
         raise UserError(f"--gpu-hour-usd: expected a price >= 0, got {args.gpu_hour_usd}")
     try:
-        for item in args.overrides:
-            check_settable(item.partition("=")[0].strip(), f"--set {item}")
         for text in args.target:
             parse_target(text)  # the syntax, before anything is loaded
-        variants = [parse_variant(v) for v in args.variant] or list(DEFAULT_VARIANTS)
     except ValueError as e:
         raise UserError(str(e)) from None
-    routers = [r.strip() for r in args.router.split(",") if r.strip()]
-    resolved = resolve_config(args, max_requests_override(args))
+    extra = [*max_requests_override(args), *([("pd.enabled=true", "--pd")] if args.pd else [])]
+    resolved = resolve_config(args, extra)
+    pd = resolved.cfg.pd.enabled
+    try:
+        variants = _variants(args, pd)
+    except ValueError as e:
+        raise UserError(str(e)) from None
     if args.out is not None:
         check_output_dir(args.out, force=args.force, what="plan folder")
     trace = load_trace(args.trace, args.lenient)
     try:
-        configs = build_configs(resolved.cfg, trace, variants, routers)
+        configs = _configs(args, resolved.cfg, trace, variants, pd)
     except ValueError as e:
         raise UserError(str(e)) from None
     try:
@@ -151,15 +156,50 @@ def _inputs(args: argparse.Namespace) -> tuple[Any, Any, list[Any], list[Any], A
     if slo is None and any(t.key == "goodput" for t in targets):
         raise UserError("--target goodput: needs --slo (e.g. --slo ttft=2s,tpot=50ms)")
     resolved.print_notes()
-    return resolved.cfg, trace, configs, targets, slo
+    return pd, trace, configs, targets, slo
+
+
+def _variants(args: argparse.Namespace, pd: bool) -> list[Any]:
+    """The variants of ``--variant`` (or the defaults), the ``--set`` items and ``--router``
+    checked against what the plan sets itself."""
+    from studies.plan import DEFAULT_VARIANTS, check_settable, parse_variant
+    from studies.plan.pd import DEFAULT_PD_VARIANTS, check_pd_settable, parse_pd_variant
+
+    for item in args.overrides:
+        key = item.partition("=")[0].strip()
+        if pd and key != "pd.enabled":  # pd.enabled=true is what made it a PD plan
+            check_pd_settable(key, f"--set {item}")
+        check_settable(key, f"--set {item}")
+    if not pd:
+        return [parse_variant(v) for v in args.variant] or list(DEFAULT_VARIANTS)
+    if args.router is not None:
+        raise UserError(
+            "--router: a PD plan routes with pd.prefill_router and pd.decode_router (--set "
+            "pd.decode_router=...); --router is for plans without --pd"
+        )
+    return [parse_pd_variant(v) for v in args.variant] or list(DEFAULT_PD_VARIANTS)
+
+
+def _configs(
+    args: argparse.Namespace, cfg: Any, trace: Any, variants: list[Any], pd: bool
+) -> list[Any]:
+    from studies.plan import build_configs
+    from studies.plan.pd import build_pd_configs
+
+    if pd:
+        return build_pd_configs(cfg, trace, variants)
+    routers = [r.strip() for r in (args.router or "cache_aware").split(",") if r.strip()]
+    return build_configs(cfg, trace, variants, routers)
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     from studies.plan import run_plan, write_plan
+    from studies.plan.pd import run_pd_plan, write_pd_plan
 
     t0 = time.perf_counter()
-    _, trace, configs, targets, slo = _inputs(args)
-    plan = run_plan(
+    pd, trace, configs, targets, slo = _inputs(args)
+    run = run_pd_plan if pd else run_plan
+    plan = run(
         configs,
         trace,
         targets,
@@ -173,11 +213,12 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         seeds=args.seeds,
     )
     evaluations = sum(len(c.evaluations) for c in plan.configs) * plan.seeds
-    print(format_plan(plan))
+    print(format_pd_plan(plan) if pd else format_plan(plan))  # type: ignore[arg-type]
     print(f"{evaluations} runs in {time.perf_counter() - t0:.1f} s")
     if args.out is not None:
+        write = write_pd_plan if pd else write_plan
         try:
-            paths = write_plan(plan, args.out)
+            paths = write(plan, args.out)  # type: ignore[arg-type]
         except OSError as e:
             raise UserError(f"{args.out}: cannot write the plan: {e.strerror or e}") from None
         print(f"plan: {', '.join(str(p) for p in paths)}")
@@ -249,6 +290,67 @@ def format_plan(plan: Plan) -> str:
                      "the best value any evaluated N reached)")  # fmt: skip
     lines.extend(f"note: {line}" for line in plan.notes())
     lines.extend(_savings(plan))
+    return "\n".join(line for line in lines if line)
+
+
+def _table(cells: list[list[str]]) -> list[str]:
+    widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
+    return [
+        "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                  for i, (c, w) in enumerate(zip(row, widths, strict=True)))
+        for row in cells
+    ]  # fmt: skip
+
+
+def format_pd_plan(plan: PdPlan) -> str:
+    """A PD plan: each role's setup, the targets, the table (one row per configuration: the
+    split, GPUs and servers as total (prefill + decode), GPU-hours, host DRAM per instance
+    of each role, the hit rates of both sides, the KV bytes the decode cache saved, the
+    target metrics; a missed target shows its best value in brackets), the notes and what
+    decode-side HiCache changes."""
+    from studies.plan.pd_savings import pd_savings_lines
+
+    cost = plan.gpu_hour_usd > 0
+    cap = plan.max_instances
+    cells = [["configuration", "prefill:decode", "GPUs (P+D)", "servers (P+D)", "GPU-h",
+              *(["cost $"] * cost), "host GB/inst P", "host GB/inst D", "hit P", "hit D",
+              "KV saved", *(t.key.removesuffix("_s") for t in plan.targets)]]  # fmt: skip
+    for r in plan.rows():
+        missed = r["split"] is None
+        cells.append([
+            r["configuration"],
+            f"> {cap}:{cap}" if missed else r["split"],
+            "n/a" if missed else f"{r['gpus']} ({r['prefill_gpus']}+{r['decode_gpus']})",
+            "n/a" if missed else
+            f"{r['servers']} ({r['prefill_servers']}+{r['decode_servers']})",
+            "n/a" if r["gpu_hours"] is None else f"{r['gpu_hours']:.3g}",
+            *(["n/a" if r["cost_usd"] is None else f"{r['cost_usd']:,.0f}"] * cost),
+            f"{r['prefill_host_dram_gb_per_instance']:.1f}",
+            f"{r['decode_host_dram_gb_per_instance']:.1f}",
+            _pct(r["prefill_hit_rate"]), _pct(r["decode_hit_rate"]),
+            _pct(r["transfer_bytes_saved_share"]),
+            *(_target_cell(t.key, r) if not missed
+              else f"({_metric(t.key, r[f'{t.key}_best'])})" for t in plan.targets),
+        ])  # fmt: skip
+    setups = dict.fromkeys(s for c in plan.configs
+                           for s in (c.config.prefill.setup, c.config.decode.setup))  # fmt: skip
+    lines = [
+        f"trace {plan.trace}" if plan.trace else "",
+        *(f"setup: {s}" for s in setups),
+        "targets: " + ", ".join(t.label for t in plan.targets) + " (and not overloaded)"
+        + (f"; goodput: share of requests with {plan.slo.label}" if plan.slo else "")
+        + (f"; judged on the median of {plan.seeds} seeds, in brackets p5 - p95"
+           if plan.seeds > 1 else ""),
+        f"the split with the fewest GPUs, up to {cap} servers per role (GPUs = prefill "
+        "servers x prefill TP + decode servers x decode TP)",
+        *_table(cells),
+    ]  # fmt: skip
+    if any(r["split"] is None for r in plan.rows()):
+        lines.append(f"(> {cap}:{cap}: no split within --max-instances per role; in brackets "
+                     "the best value any evaluated split reached)")  # fmt: skip
+    lines.extend(f"note: {line}" for line in plan.notes())
+    lines.extend(pd_savings_lines(plan) or ["(no configuration without the decode radix cache "
+                                            "to compare against)"])  # fmt: skip
     return "\n".join(line for line in lines if line)
 
 

@@ -332,14 +332,18 @@ class Plan:
                     "a larger failed): the answer passes but may not be the minimum"
                 )
             out.extend(f"{c.config.name}: {line}" for line in c.trends)
-            out.extend(f"{c.config.name}: {line}" for line in _seed_lines(self.targets, c))
+            at = f"at N = {c.instances}"
+            out.extend(
+                f"{c.config.name}: {line}" for line in seed_lines(self.targets, c.chosen, at)
+            )
         return out
 
 
-def _seed_lines(targets: Sequence[Target], c: ConfigPlan) -> list[str]:
-    """Under ``--seeds``, per target that some seeds missed at the chosen N: the median it
-    was judged on, the interval over the seeds and in how many seeds it was met."""
-    block = (c.chosen or {}).get("seeds")
+def seed_lines(targets: Sequence[Target], chosen: dict[str, Any] | None, at: str) -> list[str]:
+    """Under ``--seeds``, per target that some seeds missed in the summary ``chosen`` (the
+    chosen size, ``at``: "at N = 4"): the median it was judged on, the interval over the
+    seeds and in how many seeds it was met."""
+    block = (chosen or {}).get("seeds")
     if not block:
         return []
     runs, (lo_q, hi_q) = block["runs"], block["interval"]
@@ -352,7 +356,7 @@ def _seed_lines(targets: Sequence[Target], c: ConfigPlan) -> list[str]:
         if met == len(runs):  # the table's interval says enough
             continue
         lines.append(
-            f"at N = {c.instances}, {t.key} median {_shown(t.key, iv['median'])} "
+            f"{at}, {t.key} median {_shown(t.key, iv['median'])} "
             f"(p{round(lo_q * 100)} - p{round(hi_q * 100)} over {len(runs)} seeds: "
             f"{_shown(t.key, iv['lo'])} - {_shown(t.key, iv['hi'])}); {t.label} met in "
             f"{met} of {len(runs)} seeds"
@@ -507,6 +511,7 @@ __all__ = [
     "parse_variant",
     "run_plan",
     "savings_lines",
+    "seed_lines",
     "summary_keys",
     "write_plan",
 ]

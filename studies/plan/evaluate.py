@@ -26,22 +26,28 @@ Config = dict[str, dict[str, Any]]
 _TRACES: dict[str, Trace] = {}
 
 
+#: What an evaluation sizes: ``cluster.instances``, or a PD run's (prefill, decode) servers.
+Size = int | tuple[int, int]
+
+
 class EvalTask(NamedTuple):
-    """One job: ``config`` with ``cluster.instances = instances``, over trace ``trace_key``;
+    """One job: ``config`` with ``cluster.instances = instances`` (a pair: ``pd.prefill_instances``
+    and ``pd.decode_instances``), over trace ``trace_key``;
     with ``slo``, the summary gains ``goodput``; ``replica`` >= 0: replica ``replica`` of a
     ``--seeds`` plan (:func:`sim.seeds.replica_settings`)."""
 
     config: Config
-    instances: int
+    instances: Size
     trace_key: str
     slo: Slo | None = None
     replica: int = -1
 
 
 def simulate(
-    config: Config, instances: int, trace: Trace, slo: Slo | None = None, replica: int = -1
+    config: Config, instances: Size, trace: Trace, slo: Slo | None = None, replica: int = -1
 ) -> dict[str, Any]:
-    """The summary of one run of ``config`` with ``instances`` instances (no files), with
+    """The summary of one run of ``config`` with ``instances`` instances (a pair: prefill and
+    decode servers of a PD run) (no files), with
     ``goodput`` (:func:`goodput`) when an ``slo`` is given; replica ``replica`` of it when
     >= 0 (:func:`sim.seeds.replica_settings`)."""
     from hicache.config import config_from_dict
@@ -49,7 +55,10 @@ def simulate(
     from sim.seeds import replica_settings
 
     data = {section: dict(body) for section, body in config.items()}
-    data.setdefault("cluster", {})["instances"] = instances
+    if isinstance(instances, tuple):
+        data["pd"]["prefill_instances"], data["pd"]["decode_instances"] = instances
+    else:
+        data.setdefault("cluster", {})["instances"] = instances
     if replica >= 0:
         seeds = replica_settings(data["run"]["seed"], data["router"]["seed"], replica)
         for key, value in seeds.items():
@@ -58,8 +67,24 @@ def simulate(
     frames: dict[str, Any] = {}
     summary = run_simulation(config_from_dict(data), trace, None, False, frames)
     if slo is not None:
-        summary["goodput"] = goodput(frames["requests"], slo)
+        req = frames["requests"]
+        summary["goodput"] = goodput(pd_request_times(req) if summary.get("pd") else req, slo)
     return summary
+
+
+def pd_request_times(requests: Any) -> Any:
+    """A PD run's request table (:class:`sim.pd.request.PdRow` columns) with the columns
+    :func:`goodput` reads, as a single server's table has them (sim.metrics): ``ttft_s`` =
+    first token (streamed by the decode server) - arrival, ``tpot_s`` = (finish - first
+    token) / (outputs - 1), NaN for one output token or an unfinished request."""
+    import numpy as np
+
+    done = requests["finish_s"] >= 0
+    out = requests["output_tokens"].to_numpy()
+    ttft = (requests["first_token_s"] - requests["arrival_s"]).where(done)
+    span = (requests["finish_s"] - requests["first_token_s"]).to_numpy()
+    tpot = np.where(done & (out > 1), span / np.maximum(out - 1, 1), np.nan)
+    return requests.assign(ttft_s=ttft, tpot_s=tpot)
 
 
 def goodput(requests: Any, slo: Slo) -> float:
@@ -130,8 +155,9 @@ class Executor:
         if self._ray_started:
             self._ray.shutdown()
 
-    def run(self, configs: Sequence[Config], wave: Sequence[tuple[int, int]]) -> list[Any]:
-        """Summaries of ``(configuration index, N)`` pairs, in order (with ``seeds`` > 1,
+    def run(self, configs: Sequence[Config], wave: Sequence[tuple[int, Size]]) -> list[Any]:
+        """Summaries of ``(configuration index, N or (prefill, decode))`` pairs, in order (with
+        ``seeds`` > 1,
         each the median summary of its replicas)."""
         from sim.seeds import median_summary
 
@@ -201,4 +227,4 @@ class Executor:
         return [results[i] for i in range(len(tasks))]
 
 
-__all__ = ["EvalTask", "Executor", "evaluate", "simulate"]
+__all__ = ["EvalTask", "Executor", "Size", "evaluate", "pd_request_times", "simulate"]
