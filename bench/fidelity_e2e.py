@@ -35,6 +35,9 @@ Trace kinds (``[trace] kind``):
   ``pass2_input_tok_s`` and ``pass1_input_tok_s``; the run checks that pass 2 hit the tier the
   flush left (``expect`` as for ``probe``).
 - ``multiturn``: ``traces.generate.multiturn`` with the table's keyword arguments.
+- ``rounds``: ``sessions`` conversations behind a round barrier (``rounds_trace``): the
+  ``prompts`` lengths per round, each the previous prompt, its ``answer`` and ``new`` tokens;
+  round k arrives at ``k * gap_s`` (the run checks each round ended before the next).
 
 Metrics (``metric``): the summary's keys (``ttft_mean_s``, ``ttft_p50_s``, ...,
 ``throughput_output_tok_s``), ``throughput_input_tok_s`` (prompt tokens over the run),
@@ -162,6 +165,33 @@ def closed_trace(spec: dict[str, Any], page: int) -> Trace:
     return Trace(reqs, TraceHeader(block_size=page))
 
 
+def rounds_trace(spec: dict[str, Any]) -> Trace:
+    """``sessions`` conversations of ``len(prompts)`` rounds behind a round barrier
+    (``bench_multiturn --enable-round-barrier``): every session's round k arrives at
+    ``k * gap_s``. Round k's prompt is round k - 1's prompt, its ``answer`` output tokens and
+    ``new`` tokens (``prompts`` must grow by ``answer + new``); with
+    ``workload.output_reuse = next_turn`` the answers are the next prompt's tokens there."""
+    sessions, gap = int(spec["sessions"]), float(spec["gap_s"])
+    prompts, answer, new = list(spec["prompts"]), int(spec["answer"]), int(spec["new"])
+    bs = int(spec.get("block", 512))
+    reqs = []
+    for k, n in enumerate(prompts):
+        if n != new + k * (answer + new):
+            raise ValueError(f"rounds: prompt {k} ({n}) is not new + k * (answer + new)")
+        for c in range(sessions):
+            reqs.append(
+                Request(
+                    timestamp=k * gap * 1000.0,
+                    input_length=n,
+                    output_length=answer,
+                    hash_ids=_blocks(c << 20, n, bs),
+                    session_id=f"s{c}",
+                    turn=k,
+                )
+            )
+    return Trace(reqs, TraceHeader(block_size=bs))
+
+
 def _fillers(
     device: int, host: int, page: int, flush: str, start: int, size: int
 ) -> list[list[int]]:
@@ -221,7 +251,9 @@ def build_trace(spec: dict[str, Any], cfg: Any) -> Trace:
     if kind == "multiturn":
         params = {k: v for k, v in spec.items() if k != "kind"}
         return multiturn(**params)
-    raise ValueError(f"unknown trace kind {kind!r} (probe, closed, multiturn)")
+    if kind == "rounds":
+        return rounds_trace(spec)
+    raise ValueError(f"unknown trace kind {kind!r} (probe, closed, multiturn, rounds)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -302,14 +334,26 @@ def run_variant(sc: dict[str, Any], name: str) -> dict[str, Any]:
     frames: dict[str, Any] = {}
     s = run_simulation(cfg, trace, None, progress=False, frames_out=frames)
     req = frames["requests"]
-    s["ttft_first"] = float(req["ttft_s"].iloc[0])
-    s["ttft_last"] = float(req["ttft_s"].iloc[-1])
-    s["last_host_hit_tokens"] = int(req["host_hit_tokens"].iloc[-1])
-    s["last_storage_hit_tokens"] = int(req["storage_hit_tokens"].iloc[-1])
+    if "ttft_s" in req:  # a PD run's requests table has both roles' times instead
+        s["ttft_first"] = float(req["ttft_s"].iloc[0])
+        s["ttft_last"] = float(req["ttft_s"].iloc[-1])
+        s["last_host_hit_tokens"] = int(req["host_hit_tokens"].iloc[-1])
+        s["last_storage_hit_tokens"] = int(req["storage_hit_tokens"].iloc[-1])
+    if spec["kind"] == "rounds":
+        check_rounds(spec, req, f"{sc['id']}/{name}")
     s["throughput_input_tok_s"] = s["prompt_tokens"] / s["sim_duration_s"]
     if spec["kind"] == "probe":
         check_probe(spec, cfg, s, f"{sc['id']}/{name}")
     return s
+
+
+def check_rounds(spec: dict[str, Any], req: Any, label: str) -> None:
+    """The barrier held: every round finished before the next arrived."""
+    sessions, gap = int(spec["sessions"]), float(spec["gap_s"])
+    ends = req.groupby(req["rid"] // sessions)["finish_s"].max()
+    late = [k for k in range(len(ends) - 1) if ends[k] > (k + 1) * gap]
+    if late:
+        raise SystemExit(f"{label}: rounds {late} had not finished when the next arrived")
 
 
 def check_probe(spec: dict[str, Any], cfg: Any, s: dict[str, Any], label: str) -> None:

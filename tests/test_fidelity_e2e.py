@@ -20,7 +20,7 @@ def e2e(monkeypatch):
 
 def test_every_scenario_parses_and_names_its_rows(e2e):
     scs = e2e.load_scenarios()
-    assert {sc["id"] for sc in scs} >= {"E2", "E4", "E5", "E6"}
+    assert {sc["id"] for sc in scs} >= {"E2", "E3", "E4", "E5", "E6"}
     total = 0
     for sc in scs:
         assert sc["source"] and sc["assumed"], sc["file"]
@@ -87,3 +87,50 @@ def test_passes_flush_leaves_the_prompts_in_host(e2e):
 def test_passes_check_rejects_a_wrong_tier(e2e):
     with pytest.raises(RuntimeError, match="should hit storage"):
         e2e.run_variant(_passes_scenario(flush="device", expect="storage"), "v")
+
+
+def _rounds_scenario(gap_s: float) -> dict:
+    spec = {"kind": "rounds", "sessions": 2, "prompts": [1024, 3072, 5120], "answer": 1024,
+            "new": 1024, "gap_s": gap_s}  # fmt: skip
+    return {
+        "id": "T",
+        "base": {
+            "set": [
+                "model.name=llama-3-8b",
+                "gpu.device_tokens=65536",
+                "cache.page_size=64",
+                "pd.enabled=true",
+                "workload.output_reuse=next_turn",
+            ]
+        },
+        "trace": spec,
+        "variants": {"off": {"set": []}, "on": {"set": ["pd.decode_radix_cache=true"]}},
+    }
+
+
+def test_rounds_trace_grows_by_answer_and_new_tokens(e2e):
+    tr = e2e.rounds_trace(_rounds_scenario(60.0)["trace"])
+    assert [r.input_length for r in tr.requests] == [1024, 1024, 3072, 3072, 5120, 5120]
+    assert [r.timestamp for r in tr.requests[::2]] == [0.0, 60_000.0, 120_000.0]
+    # a session's rounds extend each other (the answer's blocks are the next prompt's)
+    a, b = tr.requests[0], tr.requests[2]
+    assert b.hash_ids[: len(a.hash_ids)] == a.hash_ids
+    bad = {**_rounds_scenario(60.0)["trace"], "prompts": [1024, 2048]}
+    with pytest.raises(ValueError, match="not new"):
+        e2e.rounds_trace(bad)
+
+
+def test_rounds_decode_cache_holds_prompt_and_answer(e2e):
+    """With the decode radix cache the prefill server sends only each round's new tokens: the
+    decode side holds the previous prompt and its answer (output_reuse = next_turn)."""
+    s = e2e.run_variant(_rounds_scenario(60.0), "on")
+    dec = s["roles"]["decode"]
+    # round 2 holds round 1's prompt and answer but the last token, whose KV is never computed
+    # (1,024 + 1,024 - 1 = 2,047 tokens: 31 full pages, 1,984 tokens); round 3: 4,095 -> 4,032;
+    # for both sessions
+    assert dec["decode_prefix_tokens"] == 2 * (1984 + 4032)
+
+
+def test_rounds_barrier_is_checked(e2e):
+    with pytest.raises(SystemExit, match="had not finished"):
+        e2e.run_variant(_rounds_scenario(0.001), "off")
