@@ -847,10 +847,13 @@ class PdConfig:
     prefill_set: str = ""
     # the decode role's own --set items, ';'-separated (e.g. "gpu.device_tokens=400000")
     decode_set: str = ""
-    # which prefill server gets a request (the gateway's PD prefill policy)
-    prefill_router: str = "round_robin"
-    # which decode server gets a request (the gateway's PD decode policy)
-    decode_router: str = "round_robin"
+    # which prefill server gets a request (the gateway's --prefill-policy). The gateway's PD
+    # mode applies its --policy (default cache_aware) to a role whose own policy is unset
+    # (its start-up log: "prefill_policy: None, decode_policy: None | policy: CacheAware"),
+    # each role with its own prefix tree; router.* holds the policies' settings
+    prefill_router: str = "cache_aware"
+    # which decode server gets a request (the gateway's --decode-policy; see prefill_router)
+    decode_router: str = "cache_aware"
     # the KV link: rdma (between nodes) or nvlink (prefill and decode in one node)
     transfer: str = "rdma"
     # GB/s per rank over RDMA: Mooncake Transfer Engine README, 190 GB/s on 8 x 400 Gb/s RoCE
