@@ -15,8 +15,9 @@ holding every split that any configuration asks for next. GPU-hours = GPUs x the
 arrival span (as the single-role plan's); servers per role: instances placed whole on that
 role's ``gpu.server`` (prefill and decode on servers of their own); host DRAM per instance:
 the role's host pool over its TP ranks (a decode server has one only with the decode radix
-cache and ``cache.enable_host``, as sim.pd.run sizes it). The TTFT zero-load floor is the
-prefill role's (:mod:`~studies.plan.floor`): TTFT includes the prefill, so no split beats it.
+cache and ``cache.enable_host``: :func:`sim.pd.run.decode_hicache`). The TTFT zero-load
+floor is the prefill role's (:mod:`~studies.plan.floor`): TTFT includes the prefill, so no
+split beats it.
 """
 
 from __future__ import annotations
@@ -148,7 +149,7 @@ def build_pd_configs(
     """Every variant of ``base`` (``pd.enabled``), resolved per role. Raises ``StudyError``
     (one line naming the variant) for an invalid one."""
     from hicache.config import config_to_dict, with_overrides
-    from sim.pd.run import role_configs
+    from sim.pd.run import decode_hicache, role_configs
     from studies.plan import arrival_span_s
 
     if not base.pd.enabled:
@@ -172,8 +173,7 @@ def build_pd_configs(
                 "--sglang-version, or give variants without it"
             )
         roles = (_role(pre, "prefill", base, host=pre.cache.enable_host),
-                 _role(dec, "decode", base,
-                       host=cfg.pd.decode_radix_cache and dec.cache.enable_host))  # fmt: skip
+                 _role(dec, "decode", base, host=decode_hicache(dec)))  # fmt: skip
         refused = "; ".join(r for _, r in roles if r)
         span = arrival_span_s(trace, cfg.workload.rate_scale, cfg.workload.max_requests)
         data = config_to_dict(cfg)

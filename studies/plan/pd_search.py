@@ -24,8 +24,8 @@ The search, for GPUs = ``P x prefill TP + D x decode TP``:
    cannot lower it) or ``(P + 1) x prefill TP + D_lo x decode TP`` is no cheaper than the
    best point found.
 
-The answer is the cheapest evaluated passing point (ties: the first found, i.e. fewer prefill
-servers); every point it is compared against was evaluated or is implied by the assumption.
+The answer is the cheapest evaluated passing split (ties: fewer prefill servers); under the
+assumption every split it is compared against was evaluated or is implied.
 Where the evaluated points contradict it (a point fails although a point with no more servers
 of either role passed), :attr:`PdSearch.monotone` is false and the answer, which passed, may
 not be the cheapest.
@@ -144,14 +144,17 @@ class PdSearch:
             if d is not None:
                 along_d.record(_one_d(d, self.evaluations[(mp, d)]))
         if along_p.answer is None or along_d.answer is None:
-            return  # not even the largest split passes
+            # not even the largest split passes (or, against the assumption, one axis passed
+            # somewhere while the other never did: the cheapest split seen to pass, if any)
+            self.answer = self._cheapest_passed()
+            return
         p_lo, d_lo = along_p.answer, along_d.answer
         self.bounds = (p_lo, d_lo)
         best: Point = (p_lo, md)
         if d_lo < md:
             yield [(p_lo, d_lo)]  # the corner: when it passes, nothing is cheaper
             if self._passed((p_lo, d_lo)):
-                self.answer = (p_lo, d_lo)
+                self.answer = self._cheapest_passed()
                 return
         p, d_hi = p_lo, md
         while True:
@@ -167,7 +170,14 @@ class PdSearch:
             p, d_hi = p + 1, ok
             if ok == d_lo or p > mp or self.gpus((p, d_lo)) >= self.gpus(best):
                 break
-        self.answer = best
+        # under the assumption ``best`` is the cheapest passing split; where the data break
+        # it another evaluated split may pass for fewer GPUs: the cheapest seen, ties to
+        # fewer prefill servers (the walk's own order)
+        self.answer = self._cheapest_passed()
+
+    def _cheapest_passed(self) -> Point | None:
+        passed = [p for p, e in self.evaluations.items() if e.passed]
+        return min(passed, key=lambda p: (self.gpus(p), p), default=None)
 
     @property
     def monotone(self) -> bool:
