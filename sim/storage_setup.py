@@ -117,6 +117,13 @@ class StorageSetup:
             self._stores[key] = got
         return got
 
+    def store_for(
+        self, env: simpy.Environment, index: int
+    ) -> tuple[PageStore, PageHasher, StorageLink]:
+        """Instance ``index``'s store, page hasher and link to it (the one store of a shared
+        backend), made at the first call."""
+        return self._store(env, index)
+
     def attach(
         self,
         env: simpy.Environment,

@@ -884,12 +884,21 @@ class PdConfig:
     # decode server, scheduler.py:520-523) host hits are loaded back there (sim.pd.decode_cache).
     # sglang.version 0.5.23 only
     decode_radix_cache: bool = False
+    # the decode servers offload decoded KV to L3 (--disaggregation-decode-enable-offload-kvcache,
+    # SGLang 0.5.23 default off, arg_groups/fields/disagg.py:92-94; needs a storage backend,
+    # arg_groups/kv_cache_hook.py:399-405): the whole strides past the page-aligned prompt,
+    # through the manager's own host pool, under the prefill side's page keys (sim.pd.offload)
+    decode_offload_kvcache: bool = False
+    # SGLANG_HICACHE_DECODE_OFFLOAD_STRIDE in tokens: 0 = the page size (its default), else
+    # rounded down to whole pages, at least one (decode_kvcache_offload_manager.py:61-68)
+    decode_offload_stride: int = 0
 
     def __post_init__(self) -> None:
         _between("pd.prefill_instances", self.prefill_instances, 1, 4096)
         _between("pd.decode_instances", self.decode_instances, 1, 4096)
         _choice("pd.prefill_router", self.prefill_router, PD_ROUTERS)
         _choice("pd.decode_router", self.decode_router, PD_ROUTERS)
+        _at_least("pd.decode_offload_stride", self.decode_offload_stride, 0)
         _choice("pd.transfer", self.transfer, PD_TRANSFERS)
         _positive("pd.rdma_gbps", self.rdma_gbps)
         _positive("pd.nvlink_gbps", self.nvlink_gbps)

@@ -32,6 +32,7 @@ from sim.engine import close_loops
 from sim.instance import Instance
 from sim.pd.decode_cache import RadixDecodeRole
 from sim.pd.decode_side import DecodeRole
+from sim.pd.offload import DecodeOffload
 from sim.pd.request import PdReq
 from sim.pd.transfer import KvLinks, TransferCost, transfer_chunks
 from sim.routers import Router
@@ -67,6 +68,7 @@ class PdEngine:
         aborted: frozenset[int] = frozenset(),
         decode_radix_cache: bool = False,
         outs: Callable[[int], list[Hashable]] = no_output_keys,
+        offload: Callable[[simpy.Environment, Instance, int], DecodeOffload] | None = None,
     ) -> None:
         self.env = simpy.Environment()
         env = self.env
@@ -85,6 +87,8 @@ class PdEngine:
         role = RadixDecodeRole if decode_radix_cache else DecodeRole
         self.decode = [role(d, reserved_decode_tokens, self._preallocated)
                        for d in decode_insts]  # fmt: skip
+        # the decode servers' KV offload managers (pd.decode_offload_kvcache)
+        self.offloads = [offload(env, d, i) for i, d in enumerate(decode_insts)] if offload else []
         for inst in self.prefill:  # arrivals come unannounced (after their bootstrap)
             inst.sched.announced = inst.sched.span_ok = False
         self.routers = routers
@@ -109,7 +113,7 @@ class PdEngine:
         pre = SimReq(p, keys=self.keys, aborted=i in self.aborted)
         pre.output_length = 1  # the prefill server stops at the first token
         dec = SimReq(p, keys=self.keys, out_symbols=self.outs(i))
-        return PdReq(pre, dec, arrival=self.env.now)
+        return PdReq(pre, dec, arrival=self.env.now, out_symbols=dec.out_symbols)
 
     def _arrive(self, i: int) -> None:
         r = self._build(i)
@@ -218,6 +222,10 @@ class PdEngine:
     def _decode_done(self, dec: SimReq) -> None:
         r = self._of_dec.pop(id(dec))
         self.decode[r.decode].finished(dec)
+        if self.offloads:
+            self.offloads[r.decode].finished(
+                self.keys(r.rid), r.out_symbols, dec.input_length, dec.output_length
+            )
         r.finish_s = self.env.now
         self._end(r)
 

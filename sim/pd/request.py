@@ -3,7 +3,8 @@ step (what ``requests.parquet`` of a PD run records per request)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Hashable
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from sim.cache_types import AnyKV
@@ -40,6 +41,9 @@ class PdReq:
     restored: bool = True
     restore_end_s: float = -1.0
     transfer_bytes_saved: int = 0
+    # the decode side's output page symbols (its SimReq's list, grown as its outputs are
+    # cached): what the decode offload manager keys the outputs by (sim.pd.offload)
+    out_symbols: list[Hashable] = field(default_factory=list)
 
     @property
     def rid(self) -> int:

@@ -14,16 +14,21 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import simpy
 
 from hicache.config import ConfigError, SimConfig, config_to_dict, resolve_pools, with_overrides
 from hicache.lifecycle import PagedTrace, page_keys
 from hicache.output_keys import output_keys_for
 from sim.costs import build_costs
+from sim.instance import Instance
 from sim.metrics import write_json_atomic, write_parquet_atomic
 from sim.pd.engine import PdEngine, RoleSpec
+from sim.pd.offload import DecodeOffload
 from sim.pd.request import PdRow, pd_row
 from sim.pd.summary import pd_summary
 from sim.pd.transfer import TransferCost, rank_bytes_per_token
@@ -92,18 +97,18 @@ def role_storage(
     pre: SimConfig, dec: SimConfig, prefill_instances: int, decode_instances: int
 ) -> tuple[StorageSetup | None, StorageSetup | None]:
     """Each role's L3 tier. The prefill servers' as without PD; the decode servers' only with
-    decode-side HiCache (:func:`decode_hicache`) and a storage backend in their config: their
-    finished requests' KV (prompt and outputs, inserted into the decode tree) is backed up to
-    it as on any HiCache server. A shared backend (Mooncake, 3FS: ``storage.shared``) is one
-    store for both roles when both roles' L3 settings and TP agree (SGLang's page keys carry
-    the TP rank's shard): what a decode server wrote, a prefill server can prefetch.
-    Decode-side L3 *prefetch* at pre-allocation (``l3_storage_hit_length``) is not modelled
-    (sim.pd.decode_cache)."""
+    decode-side HiCache (:func:`decode_hicache`: their finished requests' KV, inserted into
+    the decode tree, is backed up to it as on any HiCache server) or the offload manager
+    (``pd.decode_offload_kvcache``, sim.pd.offload), and a storage backend in their config. A
+    shared backend (Mooncake, 3FS: ``storage.shared``) is one store for both roles when both
+    roles' L3 settings and TP agree (SGLang's page keys carry the TP rank's shard): what a
+    decode server wrote, a prefill server can prefetch. Decode-side L3 *prefetch* at
+    pre-allocation (``l3_storage_hit_length``) is not modelled (sim.pd.decode_cache)."""
     pre_bytes = build_costs(pre).bytes_per_page
     p_setup = StorageSetup.from_config(pre, pre_bytes)
     if p_setup is not None:
         p_setup.instances = prefill_instances
-    if not decode_hicache(dec):
+    if not (decode_hicache(dec) or dec.pd.decode_offload_kvcache):
         return p_setup, None
     d_setup = StorageSetup.from_config(dec, build_costs(dec).bytes_per_page)
     if d_setup is None:
@@ -121,6 +126,36 @@ def role_storage(
     return p_setup, d_setup
 
 
+def offload_factory(
+    dec: SimConfig, setup: StorageSetup | None
+) -> Callable[[simpy.Environment, Instance, int], DecodeOffload] | None:
+    """What builds each decode server's offload manager (``pd.decode_offload_kvcache``), or
+    None when it is off. SGLang refuses the flag without a storage backend
+    (arg_groups/kv_cache_hook.py:399-405); so does this."""
+    if not dec.pd.decode_offload_kvcache:
+        return None
+    if setup is None:
+        raise ConfigError(
+            "pd.decode_offload_kvcache",
+            "needs a storage backend on the decode role (storage.backend), as SGLang's "
+            "--disaggregation-decode-enable-offload-kvcache does",
+        )
+    ps = dec.cache.page_size
+    raw = dec.pd.decode_offload_stride
+    stride = ps if raw <= 0 else max(ps, raw // ps * ps)
+    _, host, _ = resolve_pools(dec)
+    costs = build_costs(dec)
+
+    def build(env: simpy.Environment, inst: Instance, index: int) -> DecodeOffload:
+        store, hasher, link = setup.store_for(env, index)
+        return DecodeOffload(
+            env, inst.link, inst.recorder, costs, store, hasher, link, setup.spec, ps, stride, host,
+            setup.page_bytes_per_rank, setup.ranks,
+        )  # fmt: skip
+
+    return build
+
+
 def build_pd_engine(cfg: SimConfig, trace: Trace) -> tuple[PdEngine, dict[str, Any]]:
     """The engine of a PD run of ``trace`` and config.json's per-role part."""
     from sim.engine import resolve_closed_loop
@@ -133,7 +168,8 @@ def build_pd_engine(cfg: SimConfig, trace: Trace) -> tuple[PdEngine, dict[str, A
     pd = cfg.pd
     p_store, d_store = role_storage(pre, dec, pd.prefill_instances, pd.decode_instances)
     pre_kw, pre_pools = _role_kwargs(pre, p_store, pre.cache.enable_host)
-    dec_kw, dec_pools = _role_kwargs(dec, d_store, decode_hicache(dec))
+    dec_kw, dec_pools = _role_kwargs(dec, d_store if decode_hicache(dec) else None,
+                                     decode_hicache(dec))  # fmt: skip
     ps = pre.cache.page_size
     paged = PagedTrace(
         trace, ps, rate_scale=cfg.workload.rate_scale, limit=cfg.workload.max_requests
@@ -155,6 +191,7 @@ def build_pd_engine(cfg: SimConfig, trace: Trace) -> tuple[PdEngine, dict[str, A
         closed_loop=resolve_closed_loop(cfg.workload.closed_loop, trace, len(paged)),
         decode_radix_cache=cfg.pd.decode_radix_cache,
         outs=output_keys_for(cfg.workload.output_reuse, trace, ps, cfg.workload.max_requests),
+        offload=offload_factory(dec, d_store),
     )
     roles = {
         "prefill": {"config": config_to_dict(pre), **pre_pools},
@@ -189,6 +226,12 @@ def run_pd_simulation(
     if frames_out is not None:
         frames_out.update(frames)
     summary = pd_summary(frames, duration, time.perf_counter() - t0, engine, cfg)
+    if engine.offloads:  # pd.decode_offload_kvcache: what the decode servers offloaded to L3
+        total: dict[str, int] = {}
+        for off in engine.offloads:
+            for k, v in off.stats.as_dict().items():
+                total[k] = total.get(k, 0) + v
+        summary["roles"]["decode"]["offload"] = total
     if out_dir is not None:
         _write_run(out_dir, cfg, trace, roles, frames, summary, engine.closed_loop)
     return summary
