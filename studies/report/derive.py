@@ -95,19 +95,23 @@ def warmup_note(data: ReportData) -> str:
     )
 
 
-def timeline_runs(data: ReportData) -> list[Run]:
+def timeline_runs(data: ReportData, pd: bool = False) -> list[Run]:
     """The runs drawn over time: all if few; else one per series (at that series' median
-    capacity or rate), at most MAX_TIMELINE_RUNS."""
-    if len(data.runs) <= MAX_TIMELINE_RUNS:
-        return list(data.runs)
+    capacity or rate), at most MAX_TIMELINE_RUNS. Runs of one kind: without ``pd`` those of
+    one server or a cluster, with it the PD runs (whose figures over time are per role,
+    :mod:`studies.report.figures_pd`)."""
+    runs = [r for r in data.runs if r.is_pd == pd]
+    if len(runs) <= MAX_TIMELINE_RUNS:
+        return runs
     picked = []
-    for s in data.series_order()[:MAX_TIMELINE_RUNS]:
-        members = sorted((r for r in data.runs if r.series == s), key=data.x_value)
-        picked.append(members[(len(members) - 1) // 2])
-    return picked
+    for s in data.series_order():
+        members = sorted((r for r in runs if r.series == s), key=data.x_value)
+        if members:
+            picked.append(members[(len(members) - 1) // 2])
+    return picked[:MAX_TIMELINE_RUNS]
 
 
-def _edges(run: Run, bins: int) -> Any:
+def time_edges(run: Run, bins: int) -> Any:
     """``bins + 1`` equal bin edges over the simulated time (one empty bin if it is 0)."""
     import numpy as np
 
@@ -122,15 +126,26 @@ def occupancy(run: Run, bins: int = TIME_POINTS) -> dict[str, list[float | None]
     fractions of the device pool, host use a fraction of the host pool ([] without one).
     Averages, not point samples: a fast-changing pool does not alias into spikes. A cluster's
     fractions are the mean over its instances (each against its own pools)."""
-    tl = run.table("timeline")
+    return instances_occupancy(run, run.table("timeline"), run.capacity, bins)
+
+
+def instances_occupancy(
+    run: Run, tl: Any, pools: tuple[int, int], bins: int = TIME_POINTS
+) -> dict[str, list[float | None]]:
+    """:func:`occupancy` of the timeline rows ``tl`` (one server's, or several servers' with
+    an ``instance`` column: the mean of their fractions), each server's pools ``pools``
+    (device, host tokens)."""
     if "instance" in tl and tl["instance"].nunique() > 1:
-        parts = [_occupancy(run, g.reset_index(drop=True), bins) for _, g in tl.groupby("instance")]
+        parts = [
+            _occupancy(run, g.reset_index(drop=True), bins, pools)
+            for _, g in tl.groupby("instance")
+        ]
         out = dict(parts[0])
         for key in ("requests", "locked", "evictable", "host"):
             cols = [p[key] for p in parts]
             out[key] = [_mean_or_none([c[i] for c in cols]) for i in range(len(cols[0]))]
         return out
-    return _occupancy(run, tl, bins)
+    return _occupancy(run, tl.reset_index(drop=True), bins, pools)
 
 
 def _mean_or_none(values: list[float | None]) -> float | None:
@@ -138,26 +153,38 @@ def _mean_or_none(values: list[float | None]) -> float | None:
     return sig(sum(got) / len(got)) if got else None
 
 
-def _occupancy(run: Run, tl: Any, bins: int) -> dict[str, list[float | None]]:
+def step_means(tl: Any, col: str, edges: Any) -> Any:
+    """Per bin between ``edges``, the time average of timeline column ``col`` read as a step
+    function (each sample holds until the next, the last one to the end; nothing before the
+    first)."""
     import numpy as np
 
-    edges = _edges(run, bins)
     width = np.diff(edges)
     t = tl["t_s"].to_numpy(dtype=float)
     # integral of the step function from 0 to each edge: the whole segments before the edge
     # (cumulative) plus the part of the segment the edge falls in
     idx = np.searchsorted(t, edges, side="right") - 1
     dt = np.diff(t, append=t[-1] if len(t) else 0.0)
+    v = tl[col].to_numpy(dtype=float)
+    before = np.concatenate(([0.0], np.cumsum(v * dt)))
+    k = np.maximum(idx, 0)
+    area = np.where(idx >= 0, before[k] + v[k] * (edges - t[k]) if len(t) else 0.0, 0.0)
+    return np.diff(area) / np.where(width > 0, width, 1.0)
+
+
+def _occupancy(
+    run: Run, tl: Any, bins: int, pools: tuple[int, int]
+) -> dict[str, list[float | None]]:
+    import numpy as np
+
+    edges = time_edges(run, bins)
+    width = np.diff(edges)
 
     def mean_per_bin(col: str) -> Any:
-        v = tl[col].to_numpy(dtype=float)
-        before = np.concatenate(([0.0], np.cumsum(v * dt)))
-        k = np.maximum(idx, 0)
-        area = np.where(idx >= 0, before[k] + v[k] * (edges - t[k]) if len(t) else 0.0, 0.0)
-        return np.diff(area) / np.where(width > 0, width, 1.0)
+        return step_means(tl, col, edges)
 
-    dev = float(run.device_tokens)
-    host = float(run.host_tokens)
+    dev = float(pools[0])
+    host = float(pools[1])
     out: dict[str, list[float | None]] = {
         "t_s": [sig(float(x)) for x in edges[:-1]],
         "width_s": [sig(float(w)) for w in width],
@@ -198,7 +225,7 @@ def pcie(run: Run, bins: int = PCIE_BINS) -> dict[str, list[float | None]]:
     import numpy as np
 
     tr = run.table("transfers")
-    edges = _edges(run, bins)
+    edges = time_edges(run, bins)
     width = np.diff(edges)
     out: dict[str, list[float | None]] = {
         "t_s": [sig(float(t)) for t in edges[:-1]],
@@ -209,22 +236,32 @@ def pcie(run: Run, bins: int = PCIE_BINS) -> dict[str, list[float | None]]:
         start = sel["start_s"].to_numpy(dtype=float)
         dur = sel["end_s"].to_numpy(dtype=float) - start
         nbytes = sel["bytes"].to_numpy(dtype=float)
-        busy = np.zeros(len(edges))
-        moved = np.zeros(len(edges))
-        for lo in range(0, len(start), 4096):  # bounded memory: edges x 4096 at a time
-            s, du, b = start[lo : lo + 4096], dur[lo : lo + 4096], nbytes[lo : lo + 4096]
-            elapsed = np.clip(edges[:, None] - s[None, :], 0.0, du[None, :])
-            busy += elapsed.sum(axis=1)
-            frac = np.where(
-                du[None, :] > 0,
-                elapsed / np.where(du > 0, du, 1.0)[None, :],
-                (edges[:, None] >= s[None, :]).astype(float),
-            )
-            moved += (frac * b[None, :]).sum(axis=1)
+        busy, moved = served_by(start, dur, nbytes, edges)
         safe = np.where(width > 0, width, 1.0)
         out[f"{d}_busy"] = [sig(float(v)) for v in np.diff(busy) / safe / run.instances]
         out[f"{d}_gb_s"] = [sig(float(v)) for v in np.diff(moved) / safe / 1e9]
     return out
+
+
+def served_by(start: Any, dur: Any, nbytes: Any, edges: Any) -> tuple[Any, Any]:
+    """At each of ``edges``: the service time of the intervals ``[start, start + dur)`` so far
+    (summed over them) and the bytes they moved so far (an interval's ``nbytes`` spread
+    evenly over it, all at once if it took no time). ``np.diff`` of either is per bin."""
+    import numpy as np
+
+    busy = np.zeros(len(edges))
+    moved = np.zeros(len(edges))
+    for lo in range(0, len(start), 4096):  # bounded memory: edges x 4096 at a time
+        s, du, b = start[lo : lo + 4096], dur[lo : lo + 4096], nbytes[lo : lo + 4096]
+        elapsed = np.clip(edges[:, None] - s[None, :], 0.0, du[None, :])
+        busy += elapsed.sum(axis=1)
+        frac = np.where(
+            du[None, :] > 0,
+            elapsed / np.where(du > 0, du, 1.0)[None, :],
+            (edges[:, None] >= s[None, :]).astype(float),
+        )
+        moved += (frac * b[None, :]).sum(axis=1)
+    return busy, moved
 
 
 def pcie_totals(run: Run) -> dict[str, float]:

@@ -31,6 +31,7 @@ from studies.report.derive import (
     ttft_breakdown,
     ttft_quantiles,
 )
+from studies.report.figures_pd import fig_pd_occupancy, fig_pd_transfer, fig_pd_ttft
 from studies.report.figures_storage import fig_storage
 from studies.report.figures_traffic import fig_occupancy, fig_pcie, fig_writes
 from studies.report.fmt import capacity_text, ms, pct, sig, tokens
@@ -140,7 +141,8 @@ def fig_hitrate(data: ReportData) -> ReportFigure:
 
     groups = sorted({r.capacity for r in data.runs}, key=lambda c: (c[0] + c[1], c[0]))
     rows = _hitrate_rows(data, groups)
-    fig = new_figure(max(7.0, min(14.0, 2.0 + 0.35 * len(rows))), 4.6)
+    legend_in = 0.8 + 0.07 * max((len(s) for s in data.series_order()), default=0)
+    fig = new_figure(max(7.0, min(14.0, 2.0 + 0.35 * len(rows))) + max(0.0, legend_in - 2.2), 4.6)
     ax = fig.add_subplot(1, 1, 1)
     _hitrate_bars(ax, data, groups, rows)
     ax.set_xticks(range(len(groups)), [capacity_text(g).replace(" + ", "\n+ ") for g in groups])
@@ -195,6 +197,12 @@ def fig_hitrate(data: ReportData) -> ReportFigure:
         "Share of prompt tokens served from the cache instead of recomputed, per run: the "
         f"device (HBM) part solid, the host (DRAM) part hatched on top{storage}. Bars are "
         "grouped by the KV capacity of the run (device pool + host pool, in tokens)."
+        + (
+            " A PD run's capacity and hits are its prefill servers' (one server's pools); the "
+            "decode side's are in the per-role tables."
+            if any(r.is_pd for r in data.runs)
+            else ""
+        )
         + _warmup_sentence(data),
         fig,
         {"rows": rows, "tiers": ["device", "host", "storage"] if l3 else ["device", "host"]},
@@ -275,7 +283,9 @@ def fig_ttft_cdf(data: ReportData) -> ReportFigure:
     panels = pick(panels_all, MAX_CDF_PANELS)
     lines = _cdf_lines(data, panels)
     ncols = min(3, len(panels))
-    fig = new_figure(4.0 * ncols + 2.2, 3.2 * math.ceil(len(panels) / ncols) + 0.4)
+    # room for the legend beside the panels: long series labels need more than one panel has
+    legend_in = max(2.2, 0.8 + 0.07 * max((len(s) for s in data.series_order()), default=0))
+    fig = new_figure(4.0 * ncols + legend_in, 3.2 * math.ceil(len(panels) / ncols) + 0.4)
     _cdf_panels(fig, data, lines, len(panels))
     series_legend(fig, data)
     fig.suptitle("TTFT distribution (CDF)")
@@ -394,12 +404,17 @@ def fig_ttft_percentiles(data: ReportData) -> ReportFigure:
     )
 
 
-def fig_ttft_breakdown(data: ReportData) -> ReportFigure:
-    """Mean TTFT split into its parts, one horizontal stacked bar per run."""
+def fig_ttft_breakdown(data: ReportData) -> ReportFigure | None:
+    """Mean TTFT split into its parts, one horizontal stacked bar per run; PD runs have
+    theirs (per step of the way through both roles, :mod:`studies.report.figures_pd`): None
+    when every run is one."""
     rows: list[dict[str, Any]] = [
         {"run": r.label, "dir": r.shown, **{k: sig(v) for k, v in ttft_breakdown(r).items()}}
         for r in data.runs
+        if not r.is_pd
     ]
+    if not rows:
+        return None
     fig = new_figure(11.0, 1.4 + 0.28 * len(rows))
     ax = fig.add_subplot(1, 1, 1)
     left = [0.0] * len(rows)
@@ -433,7 +448,12 @@ def fig_ttft_breakdown(data: ReportData) -> ReportFigure:
         "request's storage prefetch ended; 0 without an L3 tier), queueing (the rest of "
         "arrival to admission), load stall (waiting for host-to-device loads), prefill "
         "compute, and other (waits between prefill chunks and for batch slots)."
-        + _warmup_sentence(data),
+        + _warmup_sentence(data)
+        + (
+            " PD runs have their own breakdown, step by step through both roles."
+            if any(r.is_pd for r in data.runs)
+            else ""
+        ),
         fig,
         {"parts": list(BREAKDOWN_PARTS), "rows": rows},
         numbers,
@@ -443,14 +463,18 @@ def fig_ttft_breakdown(data: ReportData) -> ReportFigure:
 # --- all of them -----------------------------------------------------------------------------
 
 #: The figures of a report, in order; one that returns None does not apply to the runs (the
-#: L3 storage traffic without an L3 tier) and is left out.
+#: L3 storage traffic without an L3 tier, the PD figures without a PD run, the pools and
+#: PCIe over time when every run is a PD run) and is left out.
 FIGURES: tuple[Callable[[ReportData], ReportFigure | None], ...] = (
     fig_hitrate,
     fig_ttft_cdf,
     fig_ttft_percentiles,
     fig_ttft_breakdown,
+    fig_pd_ttft,
     fig_occupancy,
     fig_pcie,
+    fig_pd_transfer,
+    fig_pd_occupancy,
     fig_writes,
     fig_storage,
 )

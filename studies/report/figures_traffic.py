@@ -37,11 +37,19 @@ def _steps(s: Mapping[str, Any], key: str) -> tuple[list[float], list[float]]:
 
 
 def _picked_note(data: ReportData, picked: Sequence[Run]) -> str:
-    if len(picked) == len(data.runs):
-        return ""
+    pd = bool(picked) and picked[0].is_pd
+    kind = [r for r in data.runs if r.is_pd == pd]
+    others = len(data.runs) - len(kind)
+    other = (
+        (f" The {others} single-server run(s) are in the HBM, host and PCIe figures." if pd
+         else f" The {others} PD run(s) are in the PD figures, per role.")
+        if others else ""
+    )  # fmt: skip
+    if len(picked) == len(kind):
+        return other
     return (
-        f" {len(picked)} of {len(data.runs)} runs are shown: one per series, at its "
-        f"median {'capacity' if data.x == 'capacity' else 'rate'}."
+        f" {len(picked)} of {len(kind)} runs are shown: one per series, at its "
+        f"median {'capacity' if data.x == 'capacity' else 'rate'}." + other
     )
 
 
@@ -125,9 +133,12 @@ def _occupancy_axes(left: Axes, right: Axes, r: Run, s: Mapping[str, Any]) -> No
         ax.grid(True, alpha=0.3)
 
 
-def fig_occupancy(data: ReportData) -> ReportFigure:
-    """HBM (stacked: running requests, locked, evictable cache) and host pool use over time."""
+def fig_occupancy(data: ReportData) -> ReportFigure | None:
+    """HBM (stacked: running requests, locked, evictable cache) and host pool use over time;
+    None when every run is a PD run (their pools per role: :mod:`studies.report.figures_pd`)."""
     picked = timeline_runs(data)
+    if not picked:
+        return None
     series: list[dict[str, Any]] = [
         {"run": r.label, "dir": r.shown, **occupancy(r), **_window_data(r)} for r in picked
     ]
@@ -195,9 +206,12 @@ def _pcie_axes(busy_ax: Axes, rate_ax: Axes, r: Run, s: Mapping[str, Any]) -> No
         ax.grid(True, alpha=0.3)
 
 
-def fig_pcie(data: ReportData) -> ReportFigure:
-    """PCIe busy fraction and throughput per direction over time."""
+def fig_pcie(data: ReportData) -> ReportFigure | None:
+    """PCIe busy fraction and throughput per direction over time; None when every run is a
+    PD run."""
     picked = timeline_runs(data)
+    if not picked:
+        return None
     series: list[dict[str, Any]] = [
         {"run": r.label, "dir": r.shown, **pcie(r), **_window_data(r)} for r in picked
     ]

@@ -12,6 +12,14 @@ from typing import TYPE_CHECKING, Any
 
 from studies.report.canvas import ReportFigure
 from studies.report.derive import best_cells, comparison_columns, comparison_table, warmup_note
+from studies.report.derive_pd import (
+    PD_PARTS,
+    link_totals,
+    pd_runs,
+    role_rows,
+    role_tables,
+    ttft_parts,
+)
 from studies.report.figures_storage import defect_rows
 from studies.report.fmt import integer
 from studies.report.load import ReportData, config_key_order
@@ -127,7 +135,9 @@ def _defects_html(data: ReportData) -> str | None:
         parts.append(f"<p>{html.escape(DEFECTS_INTRO)}</p>")
     if releases - {"0.5.14"}:
         parts.append(f"<p>{html.escape(DEFECTS_INTRO_0523)}</p>")
-    older = sum(1 for r in data.runs if not isinstance(r.summary.get("sglang_defects"), dict))
+    uncounted = [r for r in data.runs if not isinstance(r.summary.get("sglang_defects"), dict)]
+    older = sum(1 for r in uncounted if not r.is_pd)
+    pd_runs_ = len(uncounted) - older
     if not rows:
         counted = []
         if "0.5.14" in releases:
@@ -152,12 +162,67 @@ def _defects_html(data: ReportData) -> str | None:
         )
         parts.append(f'<div class="wide">{_html_table(t, cls="defects")}</div>')
     parts.append(_json_script("sglang-defects", {"rows": rows}))
+    if pd_runs_:
+        parts.append(
+            f"<p>{pd_runs_} PD run(s) are not included: a PD run does not count these defects "
+            "yet.</p>"
+        )
     if older:
         parts.append(
             f"<p>{older} run(s) were written before the simulator counted these defects and "
             "are not included.</p>"
         )
     return "".join(parts)
+
+
+#: What the per-role section says first.
+PD_INTRO = (
+    "A PD run (pd.enabled) splits each request between a prefill server and a decode server: "
+    "the decode server pre-allocates its KV pages (its prealloc queue), the prefill server "
+    "takes it after the bootstrap (its bootstrap queue, then its waiting queue), prefills it "
+    "with its HiCache and sends the KV over its link; the decode server merges it and "
+    "decodes. One row per PD run, from summary.json's roles block and requests.parquet; hit "
+    "rates on the prefill side are its HiCache's, on the decode side its radix cache's "
+    "(pd.decode_radix_cache; 'off' without it), whose prefix the prefill server does not "
+    "send (the bytes saved). Link busy: the share of the run each prefill server's KV link "
+    "was sending."
+)
+
+
+def _pd_html(data: ReportData) -> str | None:
+    """The per-role section of the PD runs (:func:`~studies.report.derive_pd.role_tables`)
+    with their raw rows as JSON (``data-figure="pd-roles"``); None without PD runs."""
+    tables = role_tables(data)
+    if not tables:
+        return None
+    parts = [f"<p>{html.escape(PD_INTRO)}</p>"]
+    for title, df in tables:
+        parts.append(
+            f"<h3>{html.escape(title)}</h3>"
+            f'<div class="wide">{_html_table(df, cls="comparison")}</div>'
+        )
+    parts.append(_json_script("pd-roles", {"rows": [role_rows(r) for r in pd_runs(data)]}))
+    return "".join(parts)
+
+
+def pd_verdict_lines(data: ReportData, most: int = 3) -> list[str]:
+    """A line per PD run (at most ``most``): its TTFT, the step that takes most of it, how
+    busy its KV links were, and its TPOT."""
+    lines = []
+    for r in pd_runs(data)[:most]:
+        parts = ttft_parts(r)
+        ttft = parts["ttft"]
+        if ttft != ttft:  # no finished request
+            continue
+        step = max((p for p, _, _ in PD_PARTS), key=lambda p: parts[p])
+        share = parts[step] / ttft if ttft else 0.0
+        busy = link_totals(r)["busy_mean"]
+        lines.append(
+            f"PD {r.label}: TTFT mean {_seconds(ttft)}, most of it {step} "
+            f"({_seconds(parts[step])}, {share:.0%}); KV links busy {busy:.1%} of the time; "
+            f"TPOT {_seconds(parts['tpot'])}."
+        )
+    return lines
 
 
 def _config_html(data: ReportData) -> str:
@@ -244,6 +309,7 @@ def verdict_lines(data: ReportData) -> list[str]:
             f"{b.summary.get('hit_rate', 0):.1%}, TTFT p90 {_seconds(p90(a))} -> "
             f"{_seconds(p90(b))} ({a.label} against {b.label})."
         )
+    lines += pd_verdict_lines(data)
     over = [r.label for r in runs if r.summary.get("overloaded")]
     if over:
         shown = ", ".join(over[:6]) + (", ..." if len(over) > 6 else "")
@@ -255,8 +321,10 @@ def verdict_lines(data: ReportData) -> list[str]:
 
 
 def _seconds(v: float) -> str:
-    if v == float("inf"):
+    if v == float("inf") or v != v:
         return "n/a"
+    if v < 0.01:
+        return f"{v * 1e3:.1f} ms"
     if v < 1:
         return f"{v * 1e3:.0f} ms"
     return f"{v:.2f} s" if v < 600 else f"{v / 60:.1f} min"
@@ -368,7 +436,9 @@ def render_html(
     body)`` of sections placed after the figures."""
     from hicache import __version__
 
-    nav = " ".join(f'<a href="#{f.id}">{html.escape(f.title)}</a>' for f in figures)
+    pd_body = _pd_html(data)
+    nav = '<a href="#pd-roles">PD: per role</a> ' if pd_body is not None else ""
+    nav += " ".join(f'<a href="#{f.id}">{html.escape(f.title)}</a>' for f in figures)
     for sid, stitle, _ in extra:
         nav += f' <a href="#{sid}">{html.escape(stitle)}</a>'
     defects = _defects_html(data)
@@ -403,6 +473,11 @@ def render_html(
             + "</ul></section>"
         ),
         f"<nav>{nav}</nav></header>",
+        *(
+            [f'<section id="pd-roles"><h2>PD runs: per role</h2>{pd_body}</section>']
+            if pd_body is not None
+            else []
+        ),
         *sections,
         *(
             [

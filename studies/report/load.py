@@ -41,6 +41,8 @@ HOST_ONLY_KEYS = (
 #: Keys that mean nothing without an L3 tier (``storage.backend = "none"``): every
 #: ``storage.*`` key but the backend itself.
 STORAGE_ONLY_PREFIX = "storage."
+#: Keys of prefill/decode disaggregation (labels: :func:`_pd_label`).
+PD_PREFIX = "pd."
 _SHORT = {
     "gpu.device_tokens": "device",
     "cache.hicache_ratio": "ratio",
@@ -97,11 +99,29 @@ class Run:
         return int(self.summary.get("instances", 1))
 
     @property
+    def is_pd(self) -> bool:
+        """True for a prefill/decode run (``pd.enabled``: summary.json has ``pd`` and
+        ``roles``, config.json each role's pools)."""
+        return bool(self.summary.get("pd")) and "roles" in self.conf
+
+    def role_pools(self, role: str) -> tuple[int, int]:
+        """A PD run's ``role`` ("prefill" or "decode") pools: (device, host) tokens of one
+        of its servers."""
+        one = self.conf["roles"][role]
+        return int(one["device_tokens"]), int(one["host_tokens"])
+
+    @property
     def device_tokens(self) -> int:
+        """The device pool (tokens; a PD run's: one prefill server's, where its hits are)."""
+        if self.is_pd:
+            return self.role_pools("prefill")[0]
         return int(self.conf["device_tokens"])
 
     @property
     def host_tokens(self) -> int:
+        """The host pool (tokens; a PD run's: one prefill server's)."""
+        if self.is_pd:
+            return self.role_pools("prefill")[1]
         return int(self.conf["host_tokens"])
 
     @property
@@ -134,9 +154,17 @@ class Run:
         import pandas as pd
 
         if name not in self._tables:
-            self._tables[name] = pd.read_parquet(self.path / f"{name}.parquet")
-        df: pd.DataFrame = self._tables[name]
-        return df
+            df = pd.read_parquet(self.path / f"{name}.parquet")
+            if name == "requests" and self.is_pd and "ttft_s" not in df:
+                # a PD run's rows carry each step's time: the client's TTFT and e2e from them
+                done = df["finish_s"] >= 0
+                df = df.assign(
+                    ttft_s=(df["first_token_s"] - df["arrival_s"]).where(done),
+                    e2e_s=(df["finish_s"] - df["arrival_s"]).where(done),
+                )
+            self._tables[name] = df
+        out: pd.DataFrame = self._tables[name]
+        return out
 
     @property
     def warmup_s(self) -> float:
@@ -163,6 +191,9 @@ class Run:
         ``warmup`` column of requests.parquet; every request when there is no such column)."""
         req = self.table("requests")
         if "warmup" not in req:
+            window = self.warmup_window_s
+            if self.is_pd and window is not None:  # PD rows: the window by arrival, as summary
+                return req[req["arrival_s"] >= window[1]]
             return req
         return req[~req["warmup"].astype(bool)]
 
@@ -315,9 +346,16 @@ def describe_runs(runs: list[Run], sweeps: Sequence[Sweep] = ()) -> ReportData:
     caps = {r.capacity for r in runs}
     rates = {r.config.get("workload.rate_scale") for r in runs}
     data.x = "rate" if len(caps) == 1 and len(rates) > 1 else "capacity"
-    series_keys = [k for k in data.varying if k not in data.x_keys]
+    # a pd.* setting the PD runs share labels none of them (the other runs have no PD)
+    pd_values = [{json.dumps(r.value(k)) for r in runs if r.is_pd} for k in data.varying]
+    keys = [
+        k
+        for k, vals in zip(data.varying, pd_values, strict=True)
+        if not k.startswith(PD_PREFIX) or k == "pd.enabled" or len(vals) > 1
+    ]
+    series_keys = [k for k in keys if k not in data.x_keys]
     for r in runs:
-        r.label = _label(r, data.varying) or Path(r.shown).name
+        r.label = _label(r, keys) or Path(r.shown).name
         r.series = _label(r, series_keys) or "all runs"
     counts: dict[str, int] = {}
     for r in runs:
@@ -353,6 +391,9 @@ def _label(run: Run, keys: Iterable[str]) -> str:
     host = bool(run.config.get("cache.enable_host", True))
     backend = run.config.get("storage.backend") or "none"
     for k in keys:
+        if k.startswith(PD_PREFIX):
+            parts.extend(_pd_label(run, k))
+            continue
         if not host and (k in HOST_ONLY_KEYS or k.startswith(STORAGE_ONLY_PREFIX)):
             continue
         if k == "cache.enable_host":
@@ -380,6 +421,8 @@ def _label(run: Run, keys: Iterable[str]) -> str:
             continue
         if k == "run.profile":
             parts.append(Path(str(v)).stem if v else "default profile")
+        elif isinstance(v, str) and not v:
+            continue  # an empty setting ("" = not set) says nothing
         elif isinstance(v, str) and not k.startswith(STORAGE_ONLY_PREFIX):
             parts.append(v)
         elif isinstance(v, str):
@@ -390,3 +433,24 @@ def _label(run: Run, keys: Iterable[str]) -> str:
     if not parts and host and backend == "none" and "storage.backend" in keys:
         parts.append("no L3")  # only the L3 tier tells it from the others
     return " · ".join(parts)
+
+
+def _pd_label(run: Run, key: str) -> list[str]:
+    """The label parts of a ``pd.*`` key: "single server" / "PD 2P+4D" for ``pd.enabled``
+    (the instance counts with it), the other keys short and only for a PD run."""
+    c = run.config
+    if key == "pd.enabled":
+        if not run.is_pd:
+            return ["single server"]
+        return [f"PD {c.get('pd.prefill_instances')}P+{c.get('pd.decode_instances')}D"]
+    if not run.is_pd or key in ("pd.prefill_instances", "pd.decode_instances"):
+        return []
+    v = c.get(key)
+    if key == "pd.decode_radix_cache":
+        return ["decode radix cache" if v else "no decode radix cache"]
+    name = key.partition(".")[2]
+    if key.endswith("_set"):
+        return [f"{name.removesuffix('_set')}: {v}"] if v else []
+    if isinstance(v, str):
+        return [f"{name.replace('_', ' ')} {v}"] if v else []
+    return [f"{name}={v:g}" if isinstance(v, float) else f"{name}={v}"]

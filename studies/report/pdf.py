@@ -9,6 +9,7 @@ from pathlib import Path
 
 from studies.report.canvas import RC, ReportFigure, new_figure
 from studies.report.derive import comparison_columns, comparison_table, warmup_note
+from studies.report.derive_pd import role_tables
 from studies.report.figures_storage import defect_rows
 from studies.report.load import ReportData
 from traces.fsutil import write_atomic
@@ -37,6 +38,8 @@ def _pdf(data: ReportData, figures: Sequence[ReportFigure], title: str, path: Pa
     warmup = warmup_note(data)
     if warmup:
         lines = [*textwrap.wrap(warmup, 150), "", *lines]
+    for title_, table in role_tables(data):
+        lines += ["", f"PD runs, {title_.lower()}:", *table.to_string().splitlines()]
     defects = defect_rows(data)
     if defects is not None:
         from studies.report.html import defects_title
