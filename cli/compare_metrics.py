@@ -222,17 +222,40 @@ def _clean(x: float | None) -> float | None:
     return None if x is None or (isinstance(x, float) and math.isnan(x)) else x
 
 
-def compare(run: Path, before_path: Path, after_path: Path) -> dict[str, Any]:
+def only_engine(samples: dict[Key, float], engine_type: str | None) -> dict[Key, float]:
+    """The samples of one ``engine_type`` (a PD run's prefill or decode servers); all of them
+    when ``engine_type`` is None or no sample carries the label (one server's own scrape)."""
+    if engine_type is None:
+        return samples
+    want = ("engine_type", engine_type)
+    if not any(any(k == "engine_type" for k, _ in labels) for _, labels in samples):
+        return samples
+    return {key: v for key, v in samples.items() if want in key[1]}
+
+
+def compare(
+    run: Path, before_path: Path, after_path: Path, engine_type: str | None = None
+) -> dict[str, Any]:
     """The comparison as one object: the run, the versions, and a row per figure
     (``simulator``, ``server``, ``difference`` = simulator - server, ``relative`` =
-    difference / server; None where a side lacks the figure)."""
+    difference / server; None where a side lacks the figure). ``engine_type``: which role of
+    a PD run (``prefill`` or ``decode``: its servers' series, summed) to set beside the scrapes
+    (needed for a PD run, whose metrics.prom holds both roles)."""
     if not run.is_dir():
         raise UserError(f"{run}: not a run directory (hicache-sim run --out DIR)")
     prom = run / "metrics.prom"
-    if not prom.is_file() and _is_pd_run(run):
+    pd_run = _is_pd_run(run)
+    if pd_run and engine_type is None:
         raise UserError(
-            f"{run}: a prefill/decode (pd.enabled) run: it writes no metrics.prom yet (each "
-            "role's SGLang metrics are not produced); compare a single-server run"
+            f"{run}: a prefill/decode (pd.enabled) run: its metrics.prom holds both roles' "
+            "servers; say which to compare with --engine-type prefill or --engine-type decode "
+            "(and scrape that role's servers)"
+        )
+    if not pd_run and engine_type is not None:
+        raise UserError(f"{run}: --engine-type is for a prefill/decode (pd.enabled) run")
+    if not prom.is_file() and pd_run:
+        raise UserError(
+            f"{run}: a prefill/decode run made before PD runs wrote metrics.prom; run it again"
         )
     if not prom.is_file():
         raise UserError(
@@ -241,14 +264,14 @@ def compare(run: Path, before_path: Path, after_path: Path) -> dict[str, Any]:
         )
     sim = Scrape(prom)
     before, after = Scrape(before_path), Scrape(after_path)
-    delta = difference(before, after)
-    server = quantities(delta, after.gauges)
+    delta = only_engine(difference(before, after), engine_type)
+    server = quantities(delta, only_engine(after.gauges, engine_type))
     if not server["requests"]:
         raise UserError(
             f"no request finished between {before_path} and {after_path} "
             "(sglang:num_requests_total did not change): scrape before and after the benchmark"
         )
-    ours = quantities(sim.counters, sim.gauges)
+    ours = quantities(only_engine(sim.counters, engine_type), only_engine(sim.gauges, engine_type))
     version = None
     with contextlib.suppress(OSError, ValueError):
         version = json.loads((run / "summary.json").read_text()).get("sglang_version")
@@ -339,12 +362,17 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("before", type=Path, metavar="BEFORE.prom", help="scrape before the benchmark")
     p.add_argument("after", type=Path, metavar="AFTER.prom", help="scrape after the benchmark")
     p.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    p.add_argument(
+        "--engine-type", choices=("prefill", "decode"), default=None,
+        help="a prefill/decode run: compare this role's servers (the series labelled "
+        "engine_type=ROLE, summed over the role's servers) with scrapes of that role",
+    )  # fmt: skip
     p.set_defaults(func=_cmd_compare)
     return p
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    result = compare(args.run, args.before, args.after)
+    result = compare(args.run, args.before, args.after, args.engine_type)
     if args.json:
         print(json.dumps(result, indent=1))
     else:

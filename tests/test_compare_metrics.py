@@ -185,4 +185,11 @@ def test_errors_are_one_line(
     pd_run = tmp_path / "pd"
     pd_run.mkdir()
     (pd_run / "summary.json").write_text('{"pd": true, "roles": {}}')
-    assert "writes no metrics.prom yet" in _err([str(pd_run), str(before), str(after)], capsys)
+    assert "--engine-type prefill or --engine-type decode" in _err(
+        [str(pd_run), str(before), str(after)], capsys
+    )
+    msg = _err([str(pd_run), str(before), str(after), "--engine-type", "decode"], capsys)
+    assert "made before PD runs wrote metrics.prom" in msg
+    assert "is for a prefill/decode" in _err(
+        [str(run), str(before), str(after), "--engine-type", "decode"], capsys
+    )

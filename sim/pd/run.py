@@ -268,3 +268,6 @@ def _write_run(
         table = pd.concat(full, ignore_index=True) if len(full) > 1 else (full or both)[0]
         write_parquet_atomic(table, out_dir / f"{name}.parquet")
     write_json_atomic(summary, out_dir / "summary.json")
+    from sim.pd.prom import write_pd_metrics
+
+    write_pd_metrics(out_dir, cfg, frames, summary, roles)
