@@ -95,6 +95,8 @@ from sim.pd.request import PdReq
 class RadixDecodeRole(DecodeRole):
     """A decode server with its radix cache on (see the module docstring)."""
 
+    chunk_cache = False  # finished requests' KV stays in the decode tree
+
     def __init__(
         self, inst: Instance, reserved: int, on_preallocated: Callable[[PdReq], None]
     ) -> None:

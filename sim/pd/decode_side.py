@@ -211,8 +211,22 @@ class DecodeRole:
         s.running.append(d)
         s.kv_total += d.kv_tokens
 
+    #: No radix cache on this server (SGLang's decode server without
+    #: ``--disaggregation-decode-enable-radix-cache`` runs a ChunkCache, pd_disaggregation_hook.py:
+    #: 120-127): a finished request's pages are freed, not cached.
+    chunk_cache = True
+
     def finished(self, d: SimReq) -> PdReq:
-        """The scheduler finished ``d``: its PD request, now off this server."""
+        """The scheduler finished ``d``: its PD request, now off this server. Without a radix
+        cache its pages, which the scheduler's finish inserted into the tree, are freed now (the
+        only unlocked pages in the tree are finished requests'), as SGLang's ChunkCache frees
+        them: the same decisions (the budget counts evictable pages as free) and the pool use
+        SGLang reports."""
+        if self.chunk_cache:
+            cache = self.sched.cache
+            evictable = cache.evictable_size()
+            if evictable:
+                cache.evict(evictable)
         return self._of.pop(d.rid)
 
     # ---------------------------------------------------------------------- memory --
