@@ -10,6 +10,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from hicache.config import load_config
 from sim.engine import run_simulation
 from traces.io import read_trace
@@ -76,3 +78,33 @@ def test_tier_aware_decode_follows_the_decode_radix_cache(tmp_path: Path) -> Non
     rr = _run(tmp_path, ["pd.decode_radix_cache=true", "pd.prefill_router=round_robin",
                          "pd.decode_router=round_robin"])  # fmt: skip
     assert rr["decode_device_hit_tokens"].sum() < req["decode_device_hit_tokens"].sum()
+
+
+def test_a_prefill_bound_run_does_not_flag_the_decode_role(tmp_path: Path) -> None:
+    """200 8K-token prompts at 20/s on one prefill server (about 5 a second served): the
+    prefill queue grows without bound. The decode role's queueing is its own (pre-allocation
+    and merge waits, not the TTFT), and the pre-allocation wait it has comes from requests
+    that hold the decode pool while they wait for the prefill: the run blames the prefill
+    role only."""
+    lines = [
+        json.dumps(
+            {
+                "timestamp": i * 50,
+                "input_length": 8192,
+                "output_length": 4,
+                "hash_ids": list(range(i * 100, i * 100 + 16)),
+            }
+        )
+        for i in range(200)
+    ]
+    path = tmp_path / "burst.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    cfg = load_config(None, ["model.name=llama-3-8b", "gpu.name=h100-sxm", "pd.enabled=true"])
+    s = run_simulation(cfg, read_trace(path))
+    pre, dec = s["roles"]["prefill"], s["roles"]["decode"]
+    assert pre["overloaded"] and not dec["overloaded"]
+    waits = dec["prealloc_wait_mean_s"] + dec["merge_wait_mean_s"]
+    assert dec["queue_mean_s"] == pytest.approx(waits, rel=1e-9)
+    assert dec["queue_mean_s"] < s["ttft_mean_s"]
+    assert "the prefill role is overloaded" in dec["overload_message"]
+    assert "the prefill role cannot keep up" in s["overload_message"]
