@@ -137,7 +137,12 @@ def test_pd_prefill_prefetches_the_answer_a_decode_server_stored(
     cfg = load_config(None, [*BASE, "pd.enabled=true", "workload.output_reuse=next_turn",
                              "storage.backend=mooncake", *extra])  # fmt: skip
     frames: dict[str, Any] = {}
-    run_simulation(cfg, trace, frames_out=frames)
+    s = run_simulation(cfg, trace, frames_out=frames)
     pre = frames["prefill"]["requests"]
     assert list(pre["device_hit_tokens"]) == [0, 1024]
     assert list(pre["storage_hit_tokens"]) == [0, from_l3]
+    # each role's L3 block: the prefill servers' always (they have the store), the decode
+    # servers' where their caches back up to one
+    roles = s["roles"]
+    assert roles["prefill"]["storage"]["storage_hit_tokens"] == from_l3
+    assert ("storage" in roles["decode"]) == ("pd.decode_radix_cache=true" in extra)

@@ -89,6 +89,8 @@ class PdEngine:
                        for d in decode_insts]  # fmt: skip
         # the decode servers' KV offload managers (pd.decode_offload_kvcache)
         self.offloads = [offload(env, d, i) for i, d in enumerate(decode_insts)] if offload else []
+        # each role's L3 setup (sim.pd.run.role_storage; for the summary), set by the builder
+        self.storage_setups: tuple[Any, Any] = (None, None)
         for inst in self.prefill:  # arrivals come unannounced (after their bootstrap)
             inst.sched.announced = inst.sched.span_ok = False
         self.routers = routers

@@ -193,6 +193,7 @@ def build_pd_engine(cfg: SimConfig, trace: Trace) -> tuple[PdEngine, dict[str, A
         outs=output_keys_for(cfg.workload.output_reuse, trace, ps, cfg.workload.max_requests),
         offload=offload_factory(dec, d_store),
     )
+    engine.storage_setups = (p_store, d_store)
     roles = {
         "prefill": {"config": config_to_dict(pre), **pre_pools},
         "decode": {"config": config_to_dict(dec), **dec_pools},
@@ -226,6 +227,7 @@ def run_pd_simulation(
     if frames_out is not None:
         frames_out.update(frames)
     summary = pd_summary(frames, duration, time.perf_counter() - t0, engine, cfg)
+    _storage_blocks(summary, engine, frames)
     if engine.offloads:  # pd.decode_offload_kvcache: what the decode servers offloaded to L3
         total: dict[str, int] = {}
         for off in engine.offloads:
@@ -235,6 +237,25 @@ def run_pd_simulation(
     if out_dir is not None:
         _write_run(out_dir, cfg, trace, roles, frames, summary, engine.closed_loop)
     return summary
+
+
+def _storage_blocks(summary: dict[str, Any], engine: PdEngine, frames: dict[str, Any]) -> None:
+    """Each role's L3 block (``roles.<role>.storage``, as a single-server run's ``storage``)
+    where the role has an L3 tier attached to its caches. A store both roles share counts its
+    reads and writes in both blocks (one store)."""
+    from types import SimpleNamespace
+
+    from sim.storage_setup import storage_summary
+
+    for role, insts, setup in (
+        ("prefill", engine.prefill, engine.storage_setups[0]),
+        ("decode", [d.inst for d in engine.decode], engine.storage_setups[1]),
+    ):
+        if setup is None or not any(inst.storage is not None for inst in insts):
+            continue
+        view = SimpleNamespace(instances=insts, storage=setup)
+        block = storage_summary(view, frames[role])
+        summary["roles"][role]["storage"] = block.get("storage", {})
 
 
 def _write_run(
