@@ -79,6 +79,12 @@ class SimController(BaseController):
         self.start_loading()
         return self._last_load
 
+    def hold(self, seconds: float) -> None:
+        """Block the scheduler for ``seconds`` more (a synchronous copy on its thread, e.g. a
+        PD decode server's retraction backup, sim.pd.retraction), after any block already
+        set: its next step starts then."""
+        self._stall_until = max(self._stall_until, self.env.now) + seconds
+
     def take_stall(self) -> float:
         """Time until which the scheduler is blocked by a write_back wait (then cleared)."""
         t, self._stall_until = self._stall_until, 0.0

@@ -25,6 +25,7 @@ from hicache.config.sections import (
     MEM_LAYOUTS,
     OUTPUT_MODES,
     OUTPUT_REUSE_MODES,
+    PD_RETRACTION_BACKUPS,
     PD_ROUTERS,
     PD_TRANSFERS,
     ROUTER_POLICIES,
@@ -63,6 +64,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "pd.transfer": PD_TRANSFERS,
     "pd.prefill_router": PD_ROUTERS,
     "pd.decode_router": PD_ROUTERS,
+    "pd.decode_retraction_backup": PD_RETRACTION_BACKUPS,
 }
 
 

@@ -822,6 +822,8 @@ def profile_mismatch(cfg: SimConfig) -> str | None:
 PD_TRANSFERS = ("rdma", "nvlink")
 #: ``pd.prefill_router`` / ``pd.decode_router``: the cluster routers (sim.routers).
 PD_ROUTERS = ROUTER_POLICIES
+#: ``pd.decode_retraction_backup`` (sim.pd.retraction.RETRACTION_BACKUPS)
+PD_RETRACTION_BACKUPS = ("auto", "host_pool", "cpu_tensor")
 
 
 @dataclass(frozen=True)
@@ -892,6 +894,11 @@ class PdConfig:
     # SGLANG_HICACHE_DECODE_OFFLOAD_STRIDE in tokens: 0 = the page size (its default), else
     # rounded down to whole pages, at least one (decode_kvcache_offload_manager.py:61-68)
     decode_offload_stride: int = 0
+    # --disaggregation-decode-retraction-backup: where a retracted request's KV waits (auto =
+    # SGLang 0.5.23's default: host_pool, or cpu_tensor with the decode radix cache or the
+    # offload manager, mem_cache/kv_cache_builder.py:228-241); both copy synchronously
+    # (sim.pd.retraction)
+    decode_retraction_backup: str = "auto"
 
     def __post_init__(self) -> None:
         _between("pd.prefill_instances", self.prefill_instances, 1, 4096)
@@ -899,6 +906,7 @@ class PdConfig:
         _choice("pd.prefill_router", self.prefill_router, PD_ROUTERS)
         _choice("pd.decode_router", self.decode_router, PD_ROUTERS)
         _at_least("pd.decode_offload_stride", self.decode_offload_stride, 0)
+        _choice("pd.decode_retraction_backup", self.decode_retraction_backup, PD_RETRACTION_BACKUPS)
         _choice("pd.transfer", self.transfer, PD_TRANSFERS)
         _positive("pd.rdma_gbps", self.rdma_gbps)
         _positive("pd.nvlink_gbps", self.nvlink_gbps)

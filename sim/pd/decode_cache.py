@@ -98,9 +98,10 @@ class RadixDecodeRole(DecodeRole):
     chunk_cache = False  # finished requests' KV stays in the decode tree
 
     def __init__(
-        self, inst: Instance, reserved: int, on_preallocated: Callable[[PdReq], None]
-    ) -> None:
-        super().__init__(inst, reserved, on_preallocated)
+        self, inst: Instance, reserved: int, on_preallocated: Callable[[PdReq], None],
+        backup: str = "cpu_tensor",
+    ) -> None:  # fmt: skip
+        super().__init__(inst, reserved, on_preallocated, backup)
         life, cache = self.sched.life, self.sched.cache
         if not isinstance(life, KVLifecycle0523) or not isinstance(cache, UnifiedRadixCache):
             raise ValueError("pd.decode_radix_cache needs sglang.version 0.5.23")

@@ -43,6 +43,7 @@ from hicache.lifecycle import KVLifecycle
 from sim.cache_types import AnyKV
 from sim.instance import Instance
 from sim.pd.request import PdReq
+from sim.pd.retraction import copy_seconds
 from sim.scheduler import SimReq
 
 
@@ -52,9 +53,11 @@ class DecodeRole:
     were just pre-allocated (its prefill may start once bootstrapped)."""
 
     def __init__(
-        self, inst: Instance, reserved: int, on_preallocated: Callable[[PdReq], None]
-    ) -> None:
+        self, inst: Instance, reserved: int, on_preallocated: Callable[[PdReq], None],
+        backup: str = "host_pool",
+    ) -> None:  # fmt: skip
         self.inst = inst
+        self.backup = backup  # the retraction backup (sim.pd.retraction: host_pool / cpu_tensor)
         self.env: simpy.Environment = inst.env
         self.sched = inst.sched
         self.reserved = reserved
@@ -129,8 +132,15 @@ class DecodeRole:
         """The scheduler retracted these (``_add_request_to_queue(is_retracted=True)``,
         scheduler.py:4538-4540, to the prealloc queue's ``retracted_queue``, decode.py:845)."""
         waiting = self.sched.waiting
+        wait = 0.0
         while waiting:
-            self.retracted.append(waiting.popleft())
+            v = waiting.popleft()
+            self.retracted.append(v)
+            # backup_kv_cache: its KV to host memory, synchronously (sim.pd.retraction)
+            wait += copy_seconds(self.backup, "d2h", self._fill_len(v), self.inst.ctrl.costs,
+                                 self.sched.p.page_size)  # fmt: skip
+        if wait > 0:
+            self.inst.ctrl.hold(wait)
 
     def _resume_retracted(self) -> None:
         """``resume_retracted_reqs`` (decode.py:1021-1102), budget without the retracted ones
@@ -147,6 +157,10 @@ class DecodeRole:
             v.kv = kv
             self.waiting.append(v)
             budget = self._allocatable(count_retracted=False, single=False)
+            # restore_kv_cache: the backup back onto its new pages, synchronously
+            wait = copy_seconds(self.backup, "h2d", self._fill_len(v), self.inst.ctrl.costs,
+                                self.sched.p.page_size)  # fmt: skip
+            self.inst.ctrl.hold(wait)
 
     def _pop_preallocated(self) -> None:
         """``pop_preallocated`` without a decode radix cache (decode.py:1448-1617): FIFO, the

@@ -69,6 +69,7 @@ class PdEngine:
         decode_radix_cache: bool = False,
         outs: Callable[[int], list[Hashable]] = no_output_keys,
         offload: Callable[[simpy.Environment, Instance, int], DecodeOffload] | None = None,
+        retraction_backup: str = "host_pool",
     ) -> None:
         self.env = simpy.Environment()
         env = self.env
@@ -85,7 +86,7 @@ class PdEngine:
             for i in range(decode.instances)
         ]  # fmt: skip
         role = RadixDecodeRole if decode_radix_cache else DecodeRole
-        self.decode = [role(d, reserved_decode_tokens, self._preallocated)
+        self.decode = [role(d, reserved_decode_tokens, self._preallocated, retraction_backup)
                        for d in decode_insts]  # fmt: skip
         # the decode servers' KV offload managers (pd.decode_offload_kvcache)
         self.offloads = [offload(env, d, i) for i, d in enumerate(decode_insts)] if offload else []

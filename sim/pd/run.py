@@ -30,6 +30,7 @@ from sim.metrics import write_json_atomic, write_parquet_atomic
 from sim.pd.engine import PdEngine, RoleSpec
 from sim.pd.offload import DecodeOffload
 from sim.pd.request import PdRow, pd_row
+from sim.pd.retraction import resolve_backup
 from sim.pd.summary import pd_summary
 from sim.pd.transfer import TransferCost, rank_bytes_per_token
 from sim.routers import build_router
@@ -192,6 +193,12 @@ def build_pd_engine(cfg: SimConfig, trace: Trace) -> tuple[PdEngine, dict[str, A
         decode_radix_cache=cfg.pd.decode_radix_cache,
         outs=output_keys_for(cfg.workload.output_reuse, trace, ps, cfg.workload.max_requests),
         offload=offload_factory(dec, d_store),
+        retraction_backup=resolve_backup(
+            pd.decode_retraction_backup,
+            radix_cache=pd.decode_radix_cache,
+            offload=pd.decode_offload_kvcache,
+            priority_preemption=False,
+        ),
     )
     engine.storage_setups = (p_store, d_store)
     roles = {
