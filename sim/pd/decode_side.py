@@ -27,8 +27,8 @@ under way, as SGLang's loop sees it at its next iteration.
 Retraction is the scheduler's own (``check_decode_mem`` / ``retract_decode``); in PD its victim
 keeps its KV in a CPU backup (``--disaggregation-decode-retraction-backup``) and waits in the
 retracted queue instead of being prefilled again: here it leaves the scheduler's waiting queue
-for that queue and, resumed, gets its pages back without recompute (the backup's copies are
-not charged).
+for that queue and, resumed, gets its pages back without recompute; the backup's and the
+restore's synchronous copies block the scheduler (:mod:`sim.pd.retraction`).
 """
 
 from __future__ import annotations
