@@ -72,6 +72,11 @@ class KVLifecycle0523:
         # checkpoints pass the request's locked node as the insert walk's hint (False: the
         # plain walk from the root, which tests/policy/test_fast_paths_v0523.py compares)
         self.hints = True
+        # the checkpoint's shortcuts, each with SGLang's step beside it (False: SGLang's steps;
+        # tests/test_v0523_fast_paths.py compares the two): the prompt insert reads the key's
+        # first pages in place (no slice), the request's pages are spliced from the inserted
+        # path below its protected prefix only, and the lock moves in one walk
+        self.shortcuts = True
 
     # ---------------------------------------------------------------------------- keys --
     def prompt_key(self, req: PagedRequest) -> PageKey:
@@ -238,20 +243,27 @@ class KVLifecycle0523:
             hint=kv.last_node if self.hints else None,
         )
         kv.inserted_len = max(kv.inserted_len, n * ps)
+        fast = self.shortcuts
         if 0 < prompt_pages < n:
             cache.insert(
-                key[:prompt_pages],
+                key if fast else key[:prompt_pages],
                 kv.kv,
                 prev_prefix_len=prompt_pages * ps,
                 inserted_len=prompt_pages * ps,
                 priority=1,
                 hint=last if self.hints else None,
+                key_end=prompt_pages if fast else -1,
             )
-        pages = cache.tree.path_device_pages(last, cache.root)
-        assert len(pages) == n, "checkpoint: the inserted path does not cover the key"
-        kv.kv[kv.protected_pages : n] = pages[kv.protected_pages :]
-        cache.dec_lock_ref(kv.last_node)
-        cache.inc_lock_ref(last)
+        tree = cache.tree
+        if fast:
+            tree.copy_path_pages(last, kv.kv, kv.protected_pages, n)
+            tree.move_lock_ref(kv.last_node, last)
+        else:
+            pages = tree.path_device_pages(last, cache.root)
+            assert len(pages) == n, "checkpoint: the inserted path does not cover the key"
+            kv.kv[kv.protected_pages : n] = pages[kv.protected_pages :]
+            cache.dec_lock_ref(kv.last_node)
+            cache.inc_lock_ref(last)
         kv.last_node = last
         kv.protected_pages = n
 

@@ -175,6 +175,14 @@ class BaseController:
             return
         queued, self.pending_writes = self.pending_writes, []
         self._next_op += 1
+        if len(queued) == 1:
+            # one queued write (each write_back victim's) is the merged op itself (its page
+            # lists the caller's, as an unmerged op's)
+            op = queued[0]
+            op.op_id = self._next_op
+            op.node_ids = [op.node_id]
+            self._submit_write(op)
+            return
         device: list[int] = []
         host: list[int] = []
         for w in queued:
@@ -222,9 +230,9 @@ class BaseController:
         self._wait_all_writes()
         out: list[int] = []
         for op in self.write_queue:
+            if not op.done:
+                raise AssertionError("wait_writes returned with unfinished writes")
             out += _acked(op)
-        if not all(op.done for op in self.write_queue):
-            raise AssertionError("wait_writes returned with unfinished writes")
         self.write_queue.clear()
         return out
 

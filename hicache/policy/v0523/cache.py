@@ -179,16 +179,19 @@ class UnifiedRadixCache:
         inserted_len: int = 0,
         priority: int = 0,
         hint: UNode | None = None,
+        key_end: int = -1,
     ) -> tuple[int, UNode]:
         """``insert(InsertParams)``: returns ``(prefix_len, last_device_node)``. ``hint``: a node
-        on ``key``'s path that the walk may follow without comparing keys (``TreeCore.insert``)."""
+        on ``key``'s path that the walk may follow without comparing keys (``TreeCore.insert``);
+        ``key_end`` >= 0: the key is ``key[:key_end]``."""
         self.stats.insert_calls += 1
+        tree = self.tree
         buffer = self.buffer
         if buffer is None:
-            return self.tree.insert(key, value, prev_prefix_len, inserted_len, priority, hint)
+            return tree.insert(key, value, prev_prefix_len, inserted_len, priority, hint, key_end)
         buffer.pipeline.begin_insert_walk()  # a node is admitted once per walk
         try:
-            return self.tree.insert(key, value, prev_prefix_len, inserted_len, priority, hint)
+            return tree.insert(key, value, prev_prefix_len, inserted_len, priority, hint, key_end)
         finally:
             buffer.pipeline.end_insert_walk()
 

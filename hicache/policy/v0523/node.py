@@ -20,7 +20,9 @@ class UNode:
         "children",
         "creation_time",
         "hash_value",
+        "heap_seq",
         "hit_count",
+        "host_heap_seq",
         "host_leaf_since",
         "host_lock_ref",
         "host_uuid",
@@ -62,6 +64,10 @@ class UNode:
         self.leaf_since = 0
         """The eviction call during which the node last became a device leaf (victims.py)."""
         self.host_leaf_since = 0
+        self.heap_seq = -1
+        """The seq of the node's live entry in the persistent device heap, -1: none
+        (victims.py); ``host_heap_seq`` the same on the host heap."""
+        self.host_heap_seq = -1
 
     @property
     def evicted(self) -> bool:

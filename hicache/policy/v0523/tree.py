@@ -171,6 +171,44 @@ class TreeCore(TreeRemoval):
         # SGLang then updates the anchor again: a no-op here, since the loop updated it if its
         # lock reached 0, and a node still locked is in neither leaf set
 
+    def move_lock_ref(self, old: UNode, new: UNode) -> None:
+        """``dec_lock_ref(old); inc_lock_ref(new)`` (the checkpoint's lock move), in one walk
+        of ``new``'s new part when ``old`` is ``new`` or one of its ancestors and that part is
+        on the device.
+
+        Not in SGLang: a shortcut with the same end state. On ``old``'s root path the two walks
+        cancel: each node goes to ``lock_ref - 1`` and back, its tokens to evictable and back,
+        and while it is down it still has a device child on the path (``new``'s side), so it
+        enters neither leaf set (``old`` itself when it is ``new``: it may enter the device leaf
+        set and leave it again at once; what the victim heap's ``on_add`` keeps of that no
+        eviction call reads: the node is no leaf when the next call begins, and its stamp
+        predates that call). So only the nodes
+        strictly below ``old`` on ``new``'s path are locked, as ``inc_lock_ref`` would. Any
+        other pair takes the two walks. ``tests/test_v0523_fast_paths.py`` holds the two
+        equal."""
+        below: list[UNode] = []
+        node = new
+        root = self.root
+        while node is not old:
+            if node is root or node.value is None:
+                self.dec_lock_ref(old)
+                self.inc_lock_ref(new)
+                return
+            below.append(node)
+            node = node.parent  # type: ignore[assignment]
+        if new.value is None:  # old is new, evicted: inc_lock_ref's evicted-anchor steps
+            self.dec_lock_ref(old)
+            self.inc_lock_ref(new)
+            return
+        leaves = self.device_leaves
+        for node in below:
+            if node.lock_ref == 0:
+                n = self.tokens(node.value)
+                self.evictable_size -= n
+                self.protected_size += n
+            node.lock_ref += 1
+            leaves.discard(node)
+
     def inc_host_lock_ref(self, node: UNode) -> int | None:
         """Host lock on ``node``; returns the receipt's boundary tag (None: nothing locked)."""
         if node.host_value is None and not self.is_write_back:
@@ -348,9 +386,11 @@ class TreeCore(TreeRemoval):
         inserted_len: int,
         priority: int,
         hint: UNode | None = None,
+        key_end: int = -1,
     ) -> tuple[int, UNode]:
         """The resumable insert walk (WALK -> OVERLAP -> COMMIT -> TAIL), run to completion;
         returns ``(prefix_len, last_device_node)``. Barrier actions go to the sink in order.
+        ``key_end`` >= 0: insert ``key[:key_end]`` (without copying the key; -1: all of it).
 
         ``hint``: a node known to lie on ``key``'s path (the request's locked node: its path
         spells the key's first pages). Down to ``min(prev_prefix_len, inserted_len)`` tokens
@@ -359,9 +399,10 @@ class TreeCore(TreeRemoval):
         keys; below, the walk as without a hint. ``tests/policy/test_fast_paths_v0523.py``
         holds the two equal."""
         ps = self.page_size
+        n = len(key) if key_end < 0 else min(key_end, len(key))
         self.root.last_access_time = self.tick()
         self.root.priority = max(self.root.priority, priority)
-        if not key:
+        if not n:
             return 0, self.root
         node = self.root
         off = 0
@@ -382,13 +423,13 @@ class TreeCore(TreeRemoval):
                 node = on_path
                 total = end
                 off += len(on_path.key)
-        while off < len(key):
+        while off < n:
             ck = child_key(key, off, None)
             child = node.children.get(ck)
             if child is None:
                 break
             child.last_access_time = self.tick()
-            plen = match_len(child.key, key, off)
+            plen = match_len(child.key, key, off, n)
             if plen < len(child.key):
                 child = self.split(child, plen)
             child.priority = max(child.priority, priority)
@@ -405,9 +446,9 @@ class TreeCore(TreeRemoval):
             node = child
             total = end
             off += plen
-        if off >= len(key):
+        if off >= n:
             return total, node
-        leaf = self._add_leaf(node, key[off:], value[off : len(key)], priority)
+        leaf = self._add_leaf(node, key[off:n], value[off:n], priority)
         if not self.is_write_back:
             leaf_end = total + len(leaf.key) * ps
             if leaf_end > inserted_len and self.inc_hit_and_check(leaf):
@@ -415,8 +456,9 @@ class TreeCore(TreeRemoval):
         return total, leaf
 
     def _unevict(self, node: UNode, fresh: list[int]) -> None:
-        """``_unevict_node_on_insert``: an evicted node takes the request's fresh pages."""
-        node.value = list(fresh)
+        """``_unevict_node_on_insert``: an evicted node takes the request's fresh pages (a list
+        of its own: the caller's slice)."""
+        node.value = fresh
         n = self.tokens(node.value)
         if node.lock_ref > 0:
             self.protected_size += n
@@ -430,13 +472,13 @@ class TreeCore(TreeRemoval):
     def _add_leaf(
         self, parent: UNode, key: tuple[Hashable, ...], value: list[int], priority: int
     ) -> UNode:
-        """``_add_new_node``."""
+        """``_add_new_node`` (``value`` a list of the leaf's own: the caller's slice)."""
         new = self._new_node(priority=priority)
         new.parent = parent
         new.key = key
         if self.tlru:
             self._tlru_lens(new, parent)
-        new.value = list(value)
+        new.value = value
         parent.children[child_key(key, 0, None)] = new
         self.evictable_size += self.tokens(new.value)
         self.update_leaf_sets(new)
@@ -561,6 +603,29 @@ class TreeCore(TreeRemoval):
                 node.load_back_pending_id = None
             self.update_duplicate(node)
             node = node.parent
+
+    def copy_path_pages(self, node: UNode, into: list[int], start: int, n: int) -> None:
+        """``into[start:n] = path_device_pages(node, root)[start:]``, the root path of ``node``
+        being ``n`` pages long, without building the path's first ``start`` pages."""
+        chunks: list[list[int]] = []
+        total = 0
+        cur = node
+        while cur is not self.root:
+            assert cur.value is not None
+            chunks.append(cur.value)
+            total += len(cur.value)
+            cur = cur.parent  # type: ignore[assignment]
+        assert total == n <= len(into), "the path does not cover the key"
+        end = n
+        for c in chunks:  # bottom-up
+            if end <= start:
+                break
+            begin = end - len(c)
+            if begin >= start:
+                into[begin:end] = c
+            else:
+                into[start:end] = c[start - begin :]
+            end = begin
 
     def path_device_pages(self, node: UNode, until: UNode) -> list[int]:
         """``collect_full_device_indices``: device pages from below ``until`` down to ``node``."""
