@@ -261,6 +261,10 @@ def _cmd_hitrate(args: argparse.Namespace) -> int:
         trace = replace(trace, requests=trace.requests[: args.max_requests])
     try:
         inf = infinite_capacity_hit_rate(trace, args.page_size)
+        if args.output_reuse != "none":  # the answers a later prompt re-sends count as cached
+            from hicache.output_keys import infinite_capacity_hit_rate_reusing_outputs
+
+            inf = infinite_capacity_hit_rate_reusing_outputs(trace, args.page_size)
     except ValueError as e:
         raise UserError(f"{args.trace}: {e}") from None
     for line in notes:  # every input checked: no note precedes an error line

@@ -72,7 +72,14 @@ def output_keys(trace: Trace, page_size: int, limit: int = 0) -> Callable[[int],
     return build
 
 
-__all__ = ["OUTPUT_REUSE_MODES", "next_turns", "no_output_keys", "output_keys", "output_keys_for"]
+__all__ = [
+    "OUTPUT_REUSE_MODES",
+    "infinite_capacity_hit_rate_reusing_outputs",
+    "next_turns",
+    "no_output_keys",
+    "output_keys",
+    "output_keys_for",
+]
 
 
 def no_output_keys(rid: int) -> list[Hashable]:
@@ -90,3 +97,35 @@ def output_keys_for(
     if mode not in OUTPUT_REUSE_MODES:
         raise ValueError(f"unknown output_reuse mode {mode!r}")
     return no_output_keys
+
+
+def infinite_capacity_hit_rate_reusing_outputs(
+    trace: Trace, page_size: int, limit: int = 0
+) -> float:
+    """``traces.stats.infinite_capacity_hit_rate`` when outputs are reused (``next_turn``): an
+    infinite cache that never evicts and holds every earlier request's prompt *and* output
+    pages (:func:`output_keys`). Each request matches its first ``(L - 1) // page_size`` prompt
+    pages against what earlier requests left; the result is the cached tokens over the prompt
+    tokens, as there. Pages are keyed by their whole prefix (chained hashes)."""
+    from traces.keys import page_symbols
+
+    reqs, bs = trace.requests[: limit or None], trace.block_size
+    outs = output_keys(trace, page_size, limit)
+    seen: set[int] = set()
+    cached = total = 0
+    for i, r in enumerate(reqs):
+        syms = page_symbols(r, page_size, bs)
+        total += r.input_length
+        limit_pages = max(0, (r.input_length - 1) // page_size)
+        last, hit = 0, 0
+        for sym in syms[:limit_pages]:
+            last = hash((last, sym))
+            if last not in seen:
+                break
+            hit += 1
+        cached += hit * page_size
+        last = 0
+        for sym in [*syms, *outs(i)]:
+            last = hash((last, sym))
+            seen.add(last)
+    return cached / total if total else 0.0

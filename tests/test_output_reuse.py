@@ -146,3 +146,29 @@ def test_pd_prefill_prefetches_the_answer_a_decode_server_stored(
     roles = s["roles"]
     assert roles["prefill"]["storage"]["storage_hit_tokens"] == from_l3
     assert ("storage" in roles["decode"]) == ("pd.decode_radix_cache=true" in extra)
+
+
+def test_the_infinite_capacity_bound_counts_the_answers(tmp_path: Path) -> None:
+    """With outputs reused the bound holds earlier answers too: the two-turn trace caches
+    1,536 of its 3,072 prompt tokens (not 1,024); on the bundled multi-turn trace at page 16
+    (64-token answers: 3 full pages each) an unbounded cache-only replay reaches the bound
+    exactly, in both modes."""
+    from hicache.output_keys import infinite_capacity_hit_rate_reusing_outputs
+    from traces.stats import infinite_capacity_hit_rate
+
+    trace = _trace(tmp_path, TURNS)
+    assert infinite_capacity_hit_rate_reusing_outputs(trace, 64) == 1536 / 3072
+    assert infinite_capacity_hit_rate(trace, 64) == 1024 / 3072
+    multi = read_trace(
+        Path(__file__).resolve().parent.parent / "traces/data/synthetic/multiturn.jsonl"
+    )
+    reqs = requests_for(multi, 16)
+    for mode, bound in (
+        ("none", infinite_capacity_hit_rate(multi, 16)),
+        ("next_turn", infinite_capacity_hit_rate_reusing_outputs(multi, 16)),
+    ):
+        cfg = HitRateConfig(16 << 20, 0, 16, sglang_version="0.5.23", output_reuse=mode)
+        assert replay(reqs, cfg, multi).hit_rate == pytest.approx(bound, rel=1e-12)
+    assert infinite_capacity_hit_rate_reusing_outputs(multi, 16) > infinite_capacity_hit_rate(
+        multi, 16
+    )
