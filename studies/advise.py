@@ -97,6 +97,10 @@ def advise(cfg: SimConfig, trace: Trace, jobs: int = 0, timed: bool = True) -> A
     ps = cfg.cache.page_size
     stats = trace_stats(trace, ps, reuse=False)
     inf = float(stats["prefix_cache"]["infinite_capacity_hit_rate"][str(ps)])
+    if cfg.workload.output_reuse != "none":  # earlier answers count as cached too
+        from hicache.output_keys import infinite_capacity_hit_rate_reusing_outputs
+
+        inf = infinite_capacity_hit_rate_reusing_outputs(trace, ps)
     footprint = int(stats["blocks"]["unique_footprint_tokens"])
     device, _, bpt = resolve_pools(replace(cfg, cache=replace(cfg.cache, enable_host=False)))
     fit, need, how = _host_fit(cfg, footprint, bpt)
@@ -108,7 +112,8 @@ def advise(cfg: SimConfig, trace: Trace, jobs: int = 0, timed: bool = True) -> A
     def hr(host: int, wp: str = "write_through", l3: bool = False) -> HitRateConfig:
         return HitRateConfig(device, host, ps, cfg.cache.eviction if cfg.cache.eviction != "oracle"
                              else "lru", wp, outputs=cfg.workload.outputs, storage=l3,
-                             sglang_version=cfg.sglang.version)  # fmt: skip
+                             sglang_version=cfg.sglang.version,
+                             output_reuse=cfg.workload.output_reuse)  # fmt: skip
 
     policies = ("write_through", "write_through_selective", "write_back")
     grid = [hr(0), *(hr(host_tokens, wp) for wp in policies), hr(host_tokens, l3=True)]
