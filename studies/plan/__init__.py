@@ -28,7 +28,6 @@ well), the progress bar moves per evaluation, and a wave's widest (largest-N) ru
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -43,8 +42,10 @@ from studies.plan.targets import (
     Slo,
     Target,
     Variant,
+    best_value,
     check_names,
     check_settable,
+    floor_misses,
     format_seconds,
     parse_slo,
     parse_target,
@@ -195,17 +196,11 @@ class ConfigPlan:
 
     def best(self, target: Target) -> tuple[float, int] | None:
         """The best value of ``target``'s key over the evaluated N, and that N (None: none)."""
-        got: tuple[float, int] | None = None
-        for e in self.evaluations:
-            v = float(e.summary.get(target.key, math.nan))
-            if v == v and (got is None or target.better(v, got[0]) != got[0]):
-                got = (v, e.instances)
-        return got
+        return best_value(target, ((e.instances, e.summary) for e in self.evaluations))
 
     def out_of_reach(self, target: Target) -> bool:
         """Whether the zero-load floor alone misses ``target``: no N can meet it."""
-        floor = self.floors.get(target.key)
-        return floor is not None and not target.meets(floor)
+        return floor_misses(target, self.floors)
 
 
 @dataclass

@@ -22,7 +22,6 @@ split beats it.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -37,7 +36,15 @@ from studies.plan.pd_search import (
     run_pd_searches,
     split,
 )
-from studies.plan.targets import Slo, Target, Variant, check_names, format_seconds
+from studies.plan.targets import (
+    Slo,
+    Target,
+    Variant,
+    best_value,
+    check_names,
+    floor_misses,
+    format_seconds,
+)
 
 if TYPE_CHECKING:
     from hicache.config import SimConfig
@@ -241,16 +248,11 @@ class PdConfigPlan:
 
     def best(self, target: Target) -> tuple[float, Point] | None:
         """The best value of ``target``'s key over the evaluated splits, and where."""
-        got: tuple[float, Point] | None = None
-        for e in self.evaluations:
-            v = float(e.summary.get(target.key, math.nan))
-            if v == v and (got is None or target.better(v, got[0]) != got[0]):
-                got = (v, e.point)
-        return got
+        return best_value(target, ((e.point, e.summary) for e in self.evaluations))
 
     def out_of_reach(self, target: Target) -> bool:
-        floor = self.floors.get(target.key)
-        return floor is not None and not target.meets(floor)
+        """Whether the zero-load floor alone misses ``target``: no split can meet it."""
+        return floor_misses(target, self.floors)
 
 
 @dataclass

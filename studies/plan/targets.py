@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Collection, Sequence
-from typing import NamedTuple
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 from studies.errors import StudyError
 
@@ -68,6 +68,26 @@ class Target(NamedTuple):
         if b != b:
             return a
         return min(a, b) if self.op == "<=" else max(a, b)
+
+
+def best_value(
+    target: Target, evaluations: Iterable[tuple[Any, Mapping[str, Any]]]
+) -> tuple[float, Any] | None:
+    """The best value of ``target``'s key over ``(where, summary)`` pairs (an evaluated N or
+    split and its summary), and where it was reached; None when no summary has the key. Ties go
+    to the first."""
+    got: tuple[float, Any] | None = None
+    for where, summary in evaluations:
+        v = float(summary.get(target.key, math.nan))
+        if v == v and (got is None or target.better(v, got[0]) != got[0]):
+            got = (v, where)
+    return got
+
+
+def floor_misses(target: Target, floors: Mapping[str, float]) -> bool:
+    """Whether the zero-load floor of ``target``'s key alone misses it: no size can meet it."""
+    floor = floors.get(target.key)
+    return floor is not None and not target.meets(floor)
 
 
 def higher_is_better(key: str) -> bool:
