@@ -6,7 +6,6 @@ replays under pressure, and whole timed runs (``sim/differential.py``'s cases, u
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
@@ -18,6 +17,7 @@ from hicache.policy.v0523.tree import TreeCore
 from sim.differential import random_case
 from sim.engine import Engine, run_simulation
 from sim.hitrate import CacheReplay0523, HitRateConfig, requests_for
+from tests.policy.test_fast_paths_v0523 import assert_same_run
 from tests.sim.harness import observe_run
 from traces.io import read_trace
 
@@ -114,17 +114,7 @@ def _timed(seed: int, fast: bool, mp: pytest.MonkeyPatch) -> dict[str, Any]:
 def test_the_checkpoint_shortcuts_decide_as_sglangs_steps_timed(
     seed: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    plain = _timed(seed, False, monkeypatch)
-    fast = _timed(seed, True, monkeypatch)
-    assert json.dumps(fast["summary"], sort_keys=True) == json.dumps(
-        plain["summary"], sort_keys=True
-    )
-    assert fast["clocks"] == plain["clocks"] and fast["matches"] == plain["matches"]
-    assert fast["free"] == plain["free"]
-    assert fast["tree"] == plain["tree"]
-    a, b = plain["requests"], fast["requests"]
-    for col in a.columns:
-        assert a[col].equals(b[col]), col
+    assert_same_run(_timed(seed, False, monkeypatch), _timed(seed, True, monkeypatch))
 
 
 def _chain(tree: TreeCore, pages: list[list[int]]) -> list[UNode]:
