@@ -277,6 +277,15 @@ FLAGS: tuple[Flag, ...] = (
     Flag(("--hicache-storage-backend",), "storage.backend", _storage_backend,
          "file, hf3fs (preset 3fs) or mooncake; others have no preset"),
     Flag(("--hicache-storage-prefetch-policy",), "storage.prefetch_policy", _text),
+    # a decode server's flags (they act in a PD run, pd.enabled, on its decode role)
+    Flag(("--disaggregation-decode-enable-radix-cache",), "pd.decode_radix_cache", None,
+         "PD decode servers: their own radix cache (0.5.23 here)"),
+    Flag(("--disaggregation-decode-enable-offload-kvcache",), "pd.decode_offload_kvcache", None,
+         "PD decode servers: decoded KV offloaded to L3"),
+    Flag(("--disaggregation-decode-retraction-backup",), "pd.decode_retraction_backup", _text,
+         "0.5.23: host_pool or cpu_tensor"),
+    Flag(("--num-reserved-decode-tokens",), "pd.num_reserved_decode_tokens", _int,
+         "PD decode servers: tokens reserved per request at pre-allocation"),
 )  # fmt: skip
 
 #: SGLang 0.5.19+'s host mode: ``cache`` (the default) or ``buffer_only`` (host RAM only stages
@@ -728,6 +737,17 @@ def sglang_flags(cfg: Any) -> tuple[list[str], list[str], list[str]]:
             f"storage: the {st.backend} preset's figures stand for your backend (unmeasured; "
             "hicache.storage_backends)"
         )
+    pd = cfg.pd
+    if pd.enabled:  # what a decode server's command line adds
+        dec = ["--disaggregation-mode", "decode",
+               "--num-reserved-decode-tokens", str(pd.num_reserved_decode_tokens)]  # fmt: skip
+        if pd.decode_radix_cache:
+            dec += ["--disaggregation-decode-enable-radix-cache"]
+        if pd.decode_offload_kvcache:
+            dec += ["--disaggregation-decode-enable-offload-kvcache"]
+        if pd.decode_retraction_backup != "auto":
+            dec += ["--disaggregation-decode-retraction-backup", pd.decode_retraction_backup]
+        comments.append("decode servers add: " + " ".join(dec))
     if c.load_back_threshold != 10:
         comments.append(
             f"cache.load_back_threshold={c.load_back_threshold} is hard-coded (10) in SGLang "

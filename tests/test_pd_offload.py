@@ -94,3 +94,24 @@ def test_a_full_host_pool_skips_the_offload() -> None:
     assert off.offloaded_tokens(1024, 513) == 512
     off.finished(list(range(16)), [], 1024, 513)
     assert link.submitted == 0 and off.stats.host_full == 1
+
+
+def test_decode_server_flags_map_both_ways() -> None:
+    """A decode server's SGLang flags set the pd keys, and a PD config prints them back."""
+    from hicache.sglang_args import format_sglang_command, parse_sglang_args
+
+    got = parse_sglang_args(
+        "--disaggregation-decode-enable-radix-cache --disaggregation-decode-enable-offload-kvcache"
+        " --disaggregation-decode-retraction-backup host_pool --num-reserved-decode-tokens 256",
+        64,
+    )
+    assert {"pd.decode_radix_cache=true", "pd.decode_offload_kvcache=true",
+            "pd.decode_retraction_backup=host_pool",
+            "pd.num_reserved_decode_tokens=256"} <= set(got.overrides)  # fmt: skip
+    cfg = load_config(None, ["pd.enabled=true", *got.overrides])
+    line = format_sglang_command(cfg).splitlines()[-1]
+    assert line == (
+        "# decode servers add: --disaggregation-mode decode --num-reserved-decode-tokens 256 "
+        "--disaggregation-decode-enable-radix-cache --disaggregation-decode-enable-offload-kvcache "
+        "--disaggregation-decode-retraction-backup host_pool"
+    )
