@@ -72,9 +72,12 @@ locks, the load-back and the insert at the finish are the decode instance's own 
 policy core's. Simplified: the load-back is issued in the pre-allocation pass itself (SGLang's
 next step of the same iteration), before the suffix pages are allocated (SGLang: after), and
 ``decode_prefix_len`` is what it actually loaded (SGLang promises the match and fails the
-request on a short load); no limit of 3 loads in flight; no L3 on the decode side (``l3 = 0``);
-the restore reservation is not needed since the load allocates its pages at once; the offload
-manager is not modelled.
+request on a short load); no limit of 3 loads in flight; the restore reservation is not needed
+since the load allocates its pages at once. With a storage tier on the decode role, a request
+whose prompt continues in L3 follows SGLang's steps instead (:mod:`sim.pd.decode_l3`): the
+query, the promise of ``l1 + l2 + l3``, the prefetch, the reservation of the promised gap, and
+the restore (re-match, load-back, lock) in the transfer queue once the prefetch ends, a short
+one aborting the request. The offload manager is :mod:`sim.pd.offload`.
 """
 
 from __future__ import annotations
@@ -88,6 +91,7 @@ from hicache.lifecycle_v0523 import KVLifecycle0523
 from hicache.policy.v0523 import UnifiedRadixCache
 from sim.instance import Instance
 from sim.link import Job
+from sim.pd.decode_l3 import L3Restore, decode_l3_for
 from sim.pd.decode_side import DecodeRole
 from sim.pd.request import PdReq
 
@@ -112,12 +116,29 @@ class RadixDecodeRole(DecodeRole):
         # copy's locks. An idle simulated loop is woken for it.
         self._link_changed = inst.link.on_change
         inst.link.on_change = self._copy_ended
+        # decode-side L3 (sim.pd.decode_l3): with a storage tier on this server
+        self.l3 = decode_l3_for(cache, inst.storage)
+        self.on_failed: Callable[[PdReq], None] = _ignore  # set by the engine
+        self._deadline_armed: set[int] = set()
+        if self.l3 is not None and inst.storage is not None:
+            inst.storage.listeners.append(self._storage_call_ended)
 
     def _copy_ended(self) -> None:
         if self._link_changed is not None:
             self._link_changed()
         if self.sched._idle:
             self.sched.wake()
+
+    def pump(self) -> bool:
+        """``process_decode_queue`` opens with ``check_hicache_events`` (decode.py:3458-3460):
+        here when a request waits on its L3 prefetch (its progress is drained there; the
+        loop's own per-iteration check covers the rest)."""
+        if self._restores_waiting():
+            self.sched._hicache_events()
+        return super().pump()
+
+    def _restores_waiting(self) -> bool:
+        return any(r.l3 is not None and not r.l3.started for r in self.transfer)
 
     def _pop_preallocated(self) -> None:
         """``pop_preallocated`` with the decode radix cache (decode.py:1496-1636): match and
@@ -128,6 +149,7 @@ class RadixDecodeRole(DecodeRole):
         ps = self.sched.p.page_size
         life, cache = self.life, self.cache
         loading: list[PdReq] = []
+        restoring = self._pending_restore_tokens()  # _hicache_pending_restore_tokens
         while self.queue:
             r = self.queue[0]
             d = r.dec
@@ -137,7 +159,12 @@ class RadixDecodeRole(DecodeRole):
             m = cache.match_prefix(tuple(prompt), len(prompt))  # no input_len - 1 limit
             life.hold(m.last_device)  # _match_prefix_and_lock
             l1 = len(m.device_pages) * ps
-            budget = self._allocatable(count_retracted=True, single=True)  # after the lock
+            l3 = 0
+            if self.l3 is not None:  # _build_decode_prefix_match's L3 query, synchronous
+                l3, seconds = self.l3.query(m, tuple(prompt))
+                if seconds > 0:
+                    self.inst.ctrl.hold(seconds)
+            budget = self._allocatable(count_retracted=True, single=True) - restoring
             fill = d.input_length  # _pre_alloc_fill_len of a new request
             pages = -(-fill // ps)
             alloc = pages * ps - l1  # _required_alloc_tokens(fill, prefix_len=l1)
@@ -145,6 +172,12 @@ class RadixDecodeRole(DecodeRole):
             if need > budget:
                 life.release(m.last_device)
                 break
+            if l3 > 0 and self.l3 is not None:  # _start_hicache_prefetch: l3 kept if taken
+                if self.l3.start(r.rid, m, tuple(prompt), fill, l3, self.env.now):
+                    if not self._prealloc_for_l3(r, m, l3, pages):
+                        break
+                    restoring += r.decode_prefix - l1
+                    continue
             prefix, last = m.device_pages, m.last_device
             if m.host_hit_length > 0:  # init_load_back of the host part, its anchor pinned
                 prefix, last = life.load_back_pinned(m)
@@ -178,6 +211,144 @@ class RadixDecodeRole(DecodeRole):
             else:
                 self.env.process(self._await_restore(job, loading))
 
+    def _prealloc_for_l3(self, r: PdReq, m: Any, l3: int, pages: int) -> bool:
+        """``_pre_alloc`` of a request promised ``l1 + l2 + l3``: the pages past the promise
+        now (evicting for the pages past ``l1``, decode.py:2280-2300), the gap later from its
+        restore. False: no room (the prefetch is aborted, the pass stops)."""
+        assert self.l3 is not None
+        ps = self.sched.p.page_size
+        life = self.life
+        l1 = len(m.device_pages)
+        promised = l1 + (m.host_hit_length + l3) // ps
+        got = life.alloc(pages - promised, (pages - l1) * ps)
+        if got is None:
+            self.l3.abort(r.rid)
+            life.release(m.last_device)
+            return False
+        d = r.dec
+        assert d.prompt is not None
+        kv = life.lock(d.prompt, list(m.device_pages), m.last_device, prompt_pages=len(d.prompt))
+        life.release(m.last_device)
+        kv.kv += got
+        self.queue.popleft()
+        r.kv = kv
+        r.prealloc_s = self.env.now
+        r.decode_prefix = promised * ps
+        r.decode_device_hit = l1 * ps
+        r.decode_host_hit = m.host_hit_length
+        r.decode_storage_hit = l3
+        r.restored = False
+        r.l3 = L3Restore(l1, promised)
+        self.transfer.append(r)
+        self.on_preallocated(r)
+        return True
+
+    def _pending_restore_tokens(self) -> int:
+        """``_hicache_pending_restore_tokens``: the promised gaps of the transfer queue's
+        requests that hold no restore lock yet."""
+        return sum(
+            (r.l3.promised - r.l3.l1) * self.sched.p.page_size
+            for r in self.transfer
+            if r.l3 is not None and not r.l3.started
+        )
+
+    def _restore_from_l3(self) -> None:
+        """``_process_hicache_local_restores`` for the requests waiting on their L3 prefetch:
+        the prefetch checked, then the promised prefix re-matched and loaded back
+        (``_try_hicache_queue_load_back``); the pass's loads go out as one job."""
+        l3 = self.l3
+        if l3 is None:
+            return
+        waiting = [r for r in self.transfer if r.l3 is not None and not r.l3.started]
+        if not waiting:
+            return
+        now, ps = self.env.now, self.sched.p.page_size
+        started: list[PdReq] = []
+        for r in waiting:
+            st = r.l3
+            assert st is not None
+            if st.failed:
+                continue
+            if st.registered:
+                if not l3.progress(r.rid, now):
+                    self._wake_at_deadline(r.rid)
+                    continue
+                st.registered = False
+            prompt = r.dec.prompt
+            assert prompt is not None
+            m = self.cache.match_prefix(tuple(prompt), st.promised)
+            prefix, last = m.device_pages, m.last_device
+            if m.host_hit_length > 0:
+                prefix, last = self.life.load_back_pinned(m)
+            if len(prefix) < st.promised:  # the load fell short: HiCacheRestoreResult.FAILED
+                st.failed = r.restored = r.restore_failed = True
+                l3.failed += 1
+                continue
+            self.cache.inc_lock_ref(last)  # the restore lock, held until the commit
+            st.node, st.prefix, st.started = last, prefix, True
+            r.decode_prefix = st.promised * ps
+            started.append(r)
+        if started:
+            job = self.inst.ctrl.launch_loads()  # ready_to_load_host_cache
+            if job is None or 0 <= job.end <= self.env.now:
+                for r in started:
+                    self._restored(r, self.env.now)
+            else:
+                self.env.process(self._await_restore(job, started))
+
+    def _wake_at_deadline(self, rid: int) -> None:
+        """A timeout-policy prefetch holds ``rid``: poll again when its deadline passes."""
+        assert self.l3 is not None
+        due = self.l3.deadline(rid)
+        if due is None or rid in self._deadline_armed:
+            return
+        self._deadline_armed.add(rid)
+
+        def ring(_event: simpy.Event) -> None:
+            self._deadline_armed.discard(rid)
+            self.poke()
+
+        self.env.timeout(max(0.0, due - self.env.now) + 1e-9).callbacks.append(ring)
+
+    def _storage_call_ended(self, _call: object) -> None:
+        """A storage call of this server ended: a request waiting on its prefetch is
+        re-polled at the loop's next iteration (SGLang's decode loop never sleeps)."""
+        if self._restores_waiting():
+            self.poke()
+
+    def _commit(self, r: PdReq) -> None:
+        """``_commit_hicache_local_restore_to_req``: the restore's lock replaces the
+        pre-allocation's, the restored pages fill the row up to the promise."""
+        st, kv = r.l3, r.kv
+        assert st is not None and st.prefix is not None and st.node is not None
+        assert kv is not None
+        self.cache.dec_lock_ref(kv.last_node)
+        kv.kv = st.prefix + kv.kv[st.l1 :]
+        kv.last_node = st.node
+        kv.protected_pages = st.promised
+
+    def _fail(self, r: PdReq) -> None:
+        """A restore that fell short, seen at the KV poll: SGLang aborts the request
+        (``prepare_abort``, status 500) and releases what it held."""
+        assert r.kv is not None and self.l3 is not None
+        self.l3.abort(r.rid)
+        self._release(r.kv)
+        r.kv = None
+        r.rejected = True
+        self._of.pop(r.rid, None)
+        self.inst.done += 1
+        self.on_failed(r)
+
+    def cancel(self, r: PdReq) -> None:
+        """The prefill side rejected ``r``: its prefetch and restore lock go too."""
+        st = r.l3
+        if st is not None and self.l3 is not None:
+            if st.registered:
+                self.l3.abort(r.rid)
+            if st.started and st.node is not None:
+                self.cache.dec_lock_ref(st.node)
+        super().cancel(r)
+
     def _await_restore(self, job: Job, reqs: list[PdReq]) -> Generator[simpy.Event, Any, None]:
         if job.end < 0:
             assert job.done is not None
@@ -195,8 +366,18 @@ class RadixDecodeRole(DecodeRole):
     def _pop_transferred(self) -> None:
         """``pop_transferred`` behind the restore gate (``HiCacheRestoreGatedKVReceiver``):
         the transfer and the local load-back both done."""
+        self._restore_from_l3()
         done = [r for r in self.transfer if r.arrived and r.restored]
         for r in done:
             self.transfer.remove(r)
+            if r.l3 is not None:
+                if r.l3.failed:
+                    self._fail(r)
+                    continue
+                self._commit(r)
             r.dec.kv, r.kv = r.kv, None
             self.waiting.append(r.dec)
+
+
+def _ignore(_r: PdReq) -> None:
+    return None

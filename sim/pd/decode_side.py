@@ -217,6 +217,7 @@ class DecodeRole:
             d.decoded = 1
             r = self._of[d.rid]
             d.device_hit, d.host_hit = r.decode_device_hit, r.decode_host_hit  # 0: no radix
+            d.storage_hit = r.decode_storage_hit  # decode-side L3 (sim.pd.decode_l3)
             r.first_token_s = now
         d.kv_tokens = d.fill_len = d.filled = d.input_length + d.decoded - 1
         if d.decoded >= d.output_length:  # one output token: finished by the prebuilt step

@@ -88,6 +88,9 @@ class PdEngine:
         role = RadixDecodeRole if decode_radix_cache else DecodeRole
         self.decode = [role(d, reserved_decode_tokens, self._preallocated, retraction_backup)
                        for d in decode_insts]  # fmt: skip
+        for d in self.decode:
+            if isinstance(d, RadixDecodeRole):
+                d.on_failed = self._restore_failed
         # the decode servers' KV offload managers (pd.decode_offload_kvcache)
         self.offloads = [offload(env, d, i) for i, d in enumerate(decode_insts)] if offload else []
         # each role's L3 setup (sim.pd.run.role_storage; for the summary), set by the builder
@@ -221,6 +224,12 @@ class PdEngine:
             self.decode[r.decode].kv_arrived(r)
 
         self.links.send(r.prefill, seconds, started, done)
+
+    def _restore_failed(self, r: PdReq) -> None:
+        """The decode server aborted ``r``: its promised L3 prefix could not be restored
+        (sim.pd.decode_l3); it ends without a first token."""
+        self._of_dec.pop(id(r.dec), None)
+        self._end(r)
 
     def _decode_done(self, dec: SimReq) -> None:
         r = self._of_dec.pop(id(dec))

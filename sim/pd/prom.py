@@ -128,10 +128,12 @@ def decode_view(rows: pd.DataFrame, dec: pd.DataFrame, pre: pd.DataFrame) -> pd.
     own = dec[["rid", "output_tokens", "tpot_s", "retractions"]]
     sent = pre[["rid", *_CACHED]]
     cols = ["rid", "arrival_s", "first_token_s", "finish_s", "prompt_tokens",
-            "decode_device_hit_tokens", "decode_host_hit_tokens"]  # fmt: skip
+            "decode_device_hit_tokens", "decode_host_hit_tokens",
+            "decode_storage_hit_tokens"]  # fmt: skip
     v = rows[cols].merge(own, on="rid").merge(sent, on="rid", how="left")
     v[list(_CACHED)] = v[list(_CACHED)].fillna(0).astype("int64")
-    prefix = v["decode_device_hit_tokens"] + v["decode_host_hit_tokens"]
+    prefix = (v["decode_device_hit_tokens"] + v["decode_host_hit_tokens"]
+              + v["decode_storage_hit_tokens"])  # fmt: skip
     extra = (prefix - v["cached_tokens"]).clip(lower=0)
     done = v["finish_s"] >= 0
     return v.assign(

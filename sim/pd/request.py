@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from sim.cache_types import AnyKV
+from sim.pd.decode_l3 import L3Restore
 from sim.scheduler import SimReq
 
 
@@ -41,6 +42,11 @@ class PdReq:
     restored: bool = True
     restore_end_s: float = -1.0
     transfer_bytes_saved: int = 0
+    # decode-side L3 (sim.pd.decode_l3): the promised tokens the store holds, the restore
+    # waiting for their prefetch, and whether that restore fell short (the request aborted)
+    decode_storage_hit: int = 0
+    l3: L3Restore | None = None
+    restore_failed: bool = False
     # the decode side's output page symbols (its SimReq's list, grown as its outputs are
     # cached): what the decode offload manager keys the outputs by (sim.pd.offload)
     out_symbols: list[Hashable] = field(default_factory=list)
@@ -76,6 +82,8 @@ class PdRow(NamedTuple):
     decode_retractions: int
     decode_device_hit_tokens: int
     decode_host_hit_tokens: int
+    decode_storage_hit_tokens: int
+    decode_restore_failed: bool
     transfer_bytes_saved: int
 
 
@@ -87,5 +95,5 @@ def pd_row(r: PdReq) -> PdRow:
         r.finish_s if not r.rejected else -1.0, pre.input_length, dec.output_length,
         max(pre.device_hit, 0), pre.host_hit, pre.storage_hit, pre.computed, r.transfer_bytes,
         r.transfer_chunks, dec.retractions, r.decode_device_hit, r.decode_host_hit,
-        r.transfer_bytes_saved,
+        r.decode_storage_hit, r.restore_failed, r.transfer_bytes_saved,
     )  # fmt: skip

@@ -148,8 +148,11 @@ def pd_summary(
         full = saved + int(done["transfer_bytes"].sum())
         dec["radix_cache"] = True
         dec["decode_prefix_tokens"] = int(
-            (done["decode_device_hit_tokens"] + done["decode_host_hit_tokens"]).sum()
-        )
+            (done["decode_device_hit_tokens"] + done["decode_host_hit_tokens"]
+             + done["decode_storage_hit_tokens"]).sum()
+        )  # fmt: skip
+        # restores of a promised L3 prefix that fell short: SGLang aborts those requests
+        dec["restore_failed_requests"] = int(req["decode_restore_failed"].sum())
         dec["transfer_bytes_saved_per_rank"] = saved
         summary["transfer_bytes_saved_per_rank"] = saved
         summary["transfer_bytes_saved_share"] = saved / full if full else 0.0
