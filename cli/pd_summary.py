@@ -43,6 +43,12 @@ def format_pd_summary(s: dict[str, Any]) -> str:
             f"{s['transfer_bytes_saved_per_rank'] / 1e9:.1f} GB per rank "
             f"({s['transfer_bytes_saved_share']:.1%})"
         )
+        if d.get("restore_failed_requests"):
+            lines.append(
+                f"decode restores of a promised L3 prefix that fell short: "
+                f"{d['restore_failed_requests']:,} requests aborted (SGLang answers them with "
+                f"status 500; storage.prefetch_policy decides how long a restore waits)"
+            )
     return "\n".join(lines)
 
 

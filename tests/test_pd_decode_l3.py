@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from cli.pd_summary import format_pd_summary
 from hicache.config import load_config
 from hicache.models import kv_bytes_per_token
 from sim.engine import run_simulation
@@ -24,7 +25,9 @@ from tests.test_pd import BASE, _trace
 
 REQS = [(0, 6144, 64, 0), (100_000, 6400, 64, 100), (150_000, 6400, 64, 200),
         (200_000, 6656, 64, 0)]  # fmt: skip
-DECODE = "pd.decode_set=gpu.device_tokens=8192;cache.write_policy=write_through;cache.hicache_ratio=2"
+DECODE = (
+    "pd.decode_set=gpu.device_tokens=8192;cache.write_policy=write_through;cache.hicache_ratio=2"
+)
 STORE = ["sglang.version=0.5.23", "storage.backend=mooncake"]
 RADIX = ["pd.decode_radix_cache=true", DECODE]
 #: REQS with A's first 2,048 tokens alone in place of turn 2 (restored from L3 into the decode
@@ -87,6 +90,7 @@ def test_best_effort_aborts_the_promised_request(tmp_path: Path) -> None:
     assert req["finish_s"].iloc[4] > 0
     assert s["rejected_requests"] == 1
     assert s["roles"]["decode"]["restore_failed_requests"] == 1
+    assert "fell short: 1 requests aborted" in format_pd_summary(s)
     _assert_nothing_held(cfg, tmp_path)
 
 
@@ -113,7 +117,7 @@ def test_a_device_prefix_continued_in_l3(tmp_path: Path) -> None:
     pre-allocation's on the device prefix. A 2,048-token prompt found whole in L3 is promised
     whole: the prefill side sends nothing (the decode side matches without the
     ``input_len - 1`` limit)."""
-    cfg, frames, s = _run(_trace(tmp_path, REQS_L1), RADIX)
+    cfg, frames, _ = _run(_trace(tmp_path, REQS_L1), RADIX)
     req = frames["requests"]
     assert list(req["decode_device_hit_tokens"]) == [0, 0, 0, 0, 2048, 0]
     assert list(req["decode_storage_hit_tokens"]) == [0, 0, 0, 2048, 4096, 0]

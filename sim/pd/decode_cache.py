@@ -87,7 +87,7 @@ from typing import Any
 
 import simpy
 
-from hicache.lifecycle_v0523 import KVLifecycle0523
+from hicache.lifecycle_v0523 import KVLifecycle0523, ReqKV23
 from hicache.policy.v0523 import UnifiedRadixCache
 from sim.instance import Instance
 from sim.link import Job
@@ -172,12 +172,16 @@ class RadixDecodeRole(DecodeRole):
             if need > budget:
                 life.release(m.last_device)
                 break
-            if l3 > 0 and self.l3 is not None:  # _start_hicache_prefetch: l3 kept if taken
-                if self.l3.start(r.rid, m, tuple(prompt), fill, l3, self.env.now):
-                    if not self._prealloc_for_l3(r, m, l3, pages):
-                        break
-                    restoring += r.decode_prefix - l1
-                    continue
+            # _start_hicache_prefetch: the L3 promise stands only if the prefetch was taken
+            if (
+                l3 > 0
+                and self.l3 is not None
+                and self.l3.start(r.rid, m, tuple(prompt), fill, l3, self.env.now)
+            ):
+                if not self._prealloc_for_l3(r, m, l3, pages):
+                    break
+                restoring += r.decode_prefix - l1
+                continue
             prefix, last = m.device_pages, m.last_device
             if m.host_hit_length > 0:  # init_load_back of the host part, its anchor pinned
                 prefix, last = life.load_back_pinned(m)
@@ -321,7 +325,7 @@ class RadixDecodeRole(DecodeRole):
         pre-allocation's, the restored pages fill the row up to the promise."""
         st, kv = r.l3, r.kv
         assert st is not None and st.prefix is not None and st.node is not None
-        assert kv is not None
+        assert isinstance(kv, ReqKV23)
         self.cache.dec_lock_ref(kv.last_node)
         kv.kv = st.prefix + kv.kv[st.l1 :]
         kv.last_node = st.node

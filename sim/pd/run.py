@@ -103,8 +103,8 @@ def role_storage(
     (``pd.decode_offload_kvcache``, sim.pd.offload), and a storage backend in their config. A
     shared backend (Mooncake, 3FS: ``storage.shared``) is one store for both roles when both
     roles' L3 settings and TP agree (SGLang's page keys carry the TP rank's shard): what a
-    decode server wrote, a prefill server can prefetch. Decode-side L3 *prefetch* at
-    pre-allocation (``l3_storage_hit_length``) is not modelled (sim.pd.decode_cache)."""
+    decode server wrote, a prefill server can prefetch; with decode-side HiCache a decode
+    server prefetches from it at pre-allocation too (sim.pd.decode_l3)."""
     pre_bytes = build_costs(pre).bytes_per_page
     p_setup = StorageSetup.from_config(pre, pre_bytes)
     if p_setup is not None:
