@@ -193,27 +193,11 @@ class RadixDecodeRole(DecodeRole):
                     self.inst.ctrl.launch_loads()
                 life.release(m.last_device)
                 break
-            kv = life.lock(prompt, prefix, last, prompt_pages=len(prompt))
-            life.release(m.last_device)
-            kv.kv += got
-            self.queue.popleft()
-            r.kv = kv
-            r.prealloc_s = self.env.now
-            r.decode_prefix = held * ps
-            r.decode_device_hit = l1
-            r.decode_host_hit = loaded * ps
             if loaded:
                 r.restored = False
                 loading.append(r)
-            self.transfer.append(r)
-            self.on_preallocated(r)
-        if loading:
-            job = self.inst.ctrl.launch_loads()  # ready_to_load_host_cache
-            if job is None or 0 <= job.end <= self.env.now:
-                for r in loading:
-                    self._restored(r, self.env.now)
-            else:
-                self.env.process(self._await_restore(job, loading))
+            self._take(r, m, prefix, last, got, (l1, loaded * ps, 0))
+        self._launch_restores(loading)
 
     def _prealloc_for_l3(self, r: PdReq, m: Any, l3: int, pages: int) -> bool:
         """``_pre_alloc`` of a request promised ``l1 + l2 + l3``: the pages past the promise
@@ -229,23 +213,31 @@ class RadixDecodeRole(DecodeRole):
             self.l3.abort(r.rid)
             life.release(m.last_device)
             return False
+        r.restored = False
+        r.l3 = L3Restore(l1, promised)
+        self._take(r, m, list(m.device_pages), m.last_device, got, (l1 * ps, m.host_hit_length, l3))
+        r.decode_prefix = promised * ps  # the promise: its gap is restored later
+        return True
+
+    def _take(
+        self, r: PdReq, m: Any, prefix: list[int], last: Any, got: list[int],
+        hits: tuple[int, int, int],
+    ) -> None:  # fmt: skip
+        """``r`` leaves the queue pre-allocated: its lock on ``last`` (the match's temporary
+        one dropped), its row ``prefix + got``, its decode prefix per tier (``hits``: device,
+        host, L3 tokens); the prefill side hears of it."""
         d = r.dec
         assert d.prompt is not None
-        kv = life.lock(d.prompt, list(m.device_pages), m.last_device, prompt_pages=len(d.prompt))
-        life.release(m.last_device)
+        r.decode_prefix = len(prefix) * self.sched.p.page_size  # (the row grows from prefix)
+        kv = self.life.lock(d.prompt, prefix, last, prompt_pages=len(d.prompt))
+        self.life.release(m.last_device)
         kv.kv += got
         self.queue.popleft()
         r.kv = kv
         r.prealloc_s = self.env.now
-        r.decode_prefix = promised * ps
-        r.decode_device_hit = l1 * ps
-        r.decode_host_hit = m.host_hit_length
-        r.decode_storage_hit = l3
-        r.restored = False
-        r.l3 = L3Restore(l1, promised)
+        r.decode_device_hit, r.decode_host_hit, r.decode_storage_hit = hits
         self.transfer.append(r)
         self.on_preallocated(r)
-        return True
 
     def _pending_restore_tokens(self) -> int:
         """``_hicache_pending_restore_tokens``: the promised gaps of the transfer queue's
@@ -292,13 +284,7 @@ class RadixDecodeRole(DecodeRole):
             st.node, st.prefix, st.started = last, prefix, True
             r.decode_prefix = st.promised * ps
             started.append(r)
-        if started:
-            job = self.inst.ctrl.launch_loads()  # ready_to_load_host_cache
-            if job is None or 0 <= job.end <= self.env.now:
-                for r in started:
-                    self._restored(r, self.env.now)
-            else:
-                self.env.process(self._await_restore(job, started))
+        self._launch_restores(started)
 
     def _wake_at_deadline(self, rid: int) -> None:
         """A timeout-policy prefetch holds ``rid``: poll again when its deadline passes."""
@@ -352,6 +338,18 @@ class RadixDecodeRole(DecodeRole):
             if st.started and st.node is not None:
                 self.cache.dec_lock_ref(st.node)
         super().cancel(r)
+
+    def _launch_restores(self, reqs: list[PdReq]) -> None:
+        """The pass's load-backs go out as one job (``ready_to_load_host_cache``); ``reqs``
+        are restored when it ends."""
+        if not reqs:
+            return
+        job = self.inst.ctrl.launch_loads()
+        if job is None or 0 <= job.end <= self.env.now:
+            for r in reqs:
+                self._restored(r, self.env.now)
+        else:
+            self.env.process(self._await_restore(job, reqs))
 
     def _await_restore(self, job: Job, reqs: list[PdReq]) -> Generator[simpy.Event, Any, None]:
         if job.end < 0:
