@@ -217,7 +217,8 @@ def kept_section(name: str) -> str:
 def unchecked_section() -> str:
     return (
         "## What has no reference yet\n\n"
-        "- MoE: expert parallelism, skewed routing, the shared experts inside a whole MoE "
+        "- MoE: expert parallelism (modelled as shapes, no measured EP series), skewed "
+        "routing, the shared experts inside a whole MoE "
         "layer, and many narrow experts at large token counts (under-predicted: see the fused "
         "MoE section);\n"
         "- MLA projections (DeepSeek-V2/V3) and FP8 (W8A8) GEMMs at twice the bf16 rate;\n"

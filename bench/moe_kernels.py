@@ -200,10 +200,14 @@ def section() -> str:
         "- assumed: uniform routing (the benchmarks draw random gating logits, so the "
         "expected-experts-hit formula holds for them; real routers are skewed); H200 rows use "
         "the H100 fit scaled by HBM bandwidth (same peak FLOPs).",
-        "- not modelled: expert parallelism (no series here measures EP; SGLang's EP MoE "
-        "adds a token dispatch/combine all-to-all that no source here times), the router "
-        "GEMM's and the shared experts' share (dense GEMMs, unchanged), DeepEP/DeepGEMM "
-        "and FlashInfer/TRT-LLM MoE backends.",
+        "- expert parallelism (`model.ep`, SGLang's `--ep-size` = `--tp-size` with the "
+        "standard token dispatcher): the same kernel model over `E / ep` whole experts per "
+        "rank and `T k / ep` routed rows; every rank keeps every token and the all-reduce "
+        "stays (token_dispatcher/standard.py maps the top-k ids to local experts, no "
+        "all-to-all). No series here times EP shapes, so it is not checked.",
+        "- not modelled: the router GEMM's and the shared experts' share (dense GEMMs, "
+        "unchanged), DeepEP's dispatch/combine all-to-all (`--moe-a2a-backend deepep`, with "
+        "DP attention), DeepGEMM and FlashInfer/TRT-LLM MoE backends.",
         f"- sources: {', '.join(sorted({s['url'] for s in table['series']}))}.",
     ]
     return "\n".join(lines)

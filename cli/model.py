@@ -36,6 +36,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     which.add_argument("--model-config", metavar="FILE", help="a Hugging Face config.json")
     p.add_argument("--gpu", default="h100-sxm", help="a GPU preset (default h100-sxm)")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (default 1)")
+    p.add_argument("--ep", type=int, default=1,
+                   help="expert-parallel degree of the MoE layers (SGLang's --ep-size: 1, or "
+                        "the same as --tp; default 1)")  # fmt: skip
     p.add_argument(
         "--profile", metavar="FILE",
         help="a latency profile (overheads, gemm_scale); default: the GPU's shipped one",
@@ -71,6 +74,7 @@ def register(subparsers: Any) -> None:
 
 
 def _forward_model(args: argparse.Namespace) -> Any:
+    from hicache.config import ConfigError, ModelConfig
     from hicache.forward import forward_model
     from hicache.hardware import get_gpu, get_model
     from hicache.profile import load_profile
@@ -80,9 +84,11 @@ def _forward_model(args: argparse.Namespace) -> Any:
         gpu = get_gpu(args.gpu)
         if args.tp < 1:
             raise ValueError(f"--tp must be >= 1, got {args.tp}")
+        if args.ep != 1:  # SGLang's rule, as the config checks it
+            ModelConfig(name=args.model, config=args.model_config or "", tp=args.tp, ep=args.ep)
         prof = load_profile(args.profile, gpu.name, gpu.default_link)
-        return forward_model(model, gpu, args.tp, prof)
-    except ValueError as e:
+        return forward_model(model, gpu, args.tp, prof, ep=args.ep)
+    except (ValueError, ConfigError) as e:
         raise UserError(str(e)) from None
 
 

@@ -17,7 +17,8 @@ Per layer and rank, for ``T`` tokens in the pass:
   router GEMM, then the experts as separate GEMM pairs: **[model]** with uniform routing,
   ``T`` tokens x ``k`` experts each hit ``E * (1 - (1 - k/E)^T)`` distinct experts on
   average, each with ``T k / hit`` tokens; expert width split by ``tp`` (SGLang's default
-  tensor-parallel MoE, no expert parallelism); plus the shared experts as a dense MLP. At
+  tensor-parallel MoE) or, with ``--ep-size`` = ``tp``, ``E / ep`` whole experts per rank on
+  ``T k / ep`` rows (:func:`mlp_block_ops`); plus the shared experts as a dense MLP. At
   decode batch 1 this reads only the ``k`` active experts' weights; at large batches all of
   them. Fitted to published fused-MoE kernel timings (``hicache/data/moe_kernels/``,
   ``bench/moe_kernels.py``): each MoE layer also pays :data:`MOE_FIXED_S` for the fused-MoE
@@ -191,7 +192,7 @@ def attention_projection_ops(model: ModelSpec, tp: int, t: int) -> list[Op]:
     return ops
 
 
-def expected_experts_hit(experts: int, top_k: int, tokens: float) -> float:
+def expected_experts_hit(experts: int, top_k: float, tokens: float) -> float:
     """Expected number of distinct experts ``tokens`` tokens route to, ``top_k`` each, when
     every expert is equally likely: ``E * (1 - (1 - k/E)^T)`` (**[model]**: real routers are
     skewed, which hits fewer experts)."""
@@ -201,10 +202,12 @@ def expected_experts_hit(experts: int, top_k: int, tokens: float) -> float:
 
 
 def routed_expert_ops(
-    hidden: int, width: int, gated: bool, experts: int, top_k: int, t: int
+    hidden: int, width: int, gated: bool, experts: int, top_k: float, t: int
 ) -> list[Op]:
     """The routed experts of one MoE layer for ``t`` tokens on a rank, ``width`` columns
-    each: the grouped up GEMM over the experts hit, the activation, the grouped down GEMM."""
+    each: the grouped up GEMM over the experts hit, the activation, the grouped down GEMM.
+    Under expert parallelism ``experts`` is the rank's local experts and ``top_k`` the routed
+    rows per token that land on them (``k / ep`` on average: :func:`mlp_block_ops`)."""
     hit = expected_experts_hit(experts, top_k, t)
     return [  # t*k routed rows over `hit` experts
         Op(o._replace(name=f"expert_{o.name}"), 1.0 if o.nbytes else hit)
@@ -243,8 +246,15 @@ def fused_moe_time(
     return MOE_FIXED_S + sum(op_time(gemm, o, weight_bytes, flop_scale) for o in ops)
 
 
-def mlp_block_ops(model: ModelSpec, tp: int, t: int, moe: bool) -> list[Op]:
-    """The post-attention norm, the MLP (dense or MoE) and the residual add for ``t`` tokens."""
+def mlp_block_ops(model: ModelSpec, tp: int, t: int, moe: bool, ep: int = 1) -> list[Op]:
+    """The post-attention norm, the MLP (dense or MoE) and the residual add for ``t`` tokens.
+
+    ``ep`` > 1 (SGLang's ``--ep-size``, equal to ``tp``): each rank holds ``E / ep`` whole
+    experts (``intermediate_size / (tp / ep)`` columns, fused_moe_triton/layer.py:390-428) and
+    runs them on the tokens routed to them, ``t k / ep`` rows on average under uniform routing
+    (**[model]**, as for TP), every rank having every token (the standard dispatcher; the
+    all-reduce after the MLP is the same as under TP). The router and the shared experts stay
+    as under TP (**[model]**)."""
     h, b, gated = model.hidden_size, ACT_BYTES, model.gated_mlp
     ops = [_e("post_attention_layernorm", 2 * t * h * b)]
     if not moe:
@@ -252,7 +262,8 @@ def mlp_block_ops(model: ModelSpec, tp: int, t: int, moe: bool) -> list[Op]:
     else:
         e, k = model.num_experts, model.experts_per_token
         ops.append(_g("moe_router", t, e, h))
-        ops += routed_expert_ops(h, model.expert_intermediate_size // tp, gated, e, k, t)
+        width = model.expert_intermediate_size // (tp // ep)
+        ops += routed_expert_ops(h, width, gated, e // ep, k / ep, t)
         if model.shared_expert_intermediate_size:
             shared = model.shared_expert_intermediate_size // tp
             for o in mlp_ops(h, shared, gated, t, b):
@@ -261,9 +272,9 @@ def mlp_block_ops(model: ModelSpec, tp: int, t: int, moe: bool) -> list[Op]:
     return ops
 
 
-def layer_ops(model: ModelSpec, tp: int, t: int, moe: bool) -> list[Op]:
+def layer_ops(model: ModelSpec, tp: int, t: int, moe: bool, ep: int = 1) -> list[Op]:
     """Every linear op of one (dense or MoE) layer for ``t`` tokens on one rank."""
-    return attention_projection_ops(model, tp, t) + mlp_block_ops(model, tp, t, moe)
+    return attention_projection_ops(model, tp, t) + mlp_block_ops(model, tp, t, moe, ep)
 
 
 @dataclass
@@ -288,6 +299,8 @@ class ForwardModel:
     #: completion checks, :func:`hicache_checks`)
     prefill_checks_s: float = 0.0
     decode_checks_s: float = 0.0
+    #: SGLang's ``--ep-size`` (1, or ``tp``): the MoE layers' expert parallelism
+    ep: int = 1
     _linear_memo: dict[int, float] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -330,7 +343,7 @@ class ForwardModel:
                 self._ops_time(layer_ops(m, self.tp, tokens, moe=False)) if m.dense_layers else 0.0
             )
             moe = (
-                self._ops_time(layer_ops(m, self.tp, tokens, moe=True)) + MOE_FIXED_S
+                self._ops_time(layer_ops(m, self.tp, tokens, moe=True, ep=self.ep)) + MOE_FIXED_S
                 if m.moe_layers and tokens > 0
                 else 0.0
             )
@@ -467,11 +480,13 @@ def forward_model(
     tp: int,
     profile: Profile,
     checks: tuple[int, int] = (0, 0),
+    ep: int = 1,
 ) -> ForwardModel:
     """The forward model of ``model`` on ``gpu`` at ``tp``, with ``profile``'s overheads and
     ``gemm_scale`` (:func:`compute_models_for` says where the operator times come from).
     ``checks``: the HiCache completion checks per prefill pass and per decode step
-    (:func:`hicache_checks`), ``hicache_check_s`` each.
+    (:func:`hicache_checks`), ``hicache_check_s`` each. ``ep``: SGLang's ``--ep-size``
+    (:func:`mlp_block_ops`).
 
     Quantized weights (``weight_dtype_bytes`` < 2) are read at their width; 8-bit ones run
     at the GPU's FP8 rate where it has FP8 tensor cores (:class:`ForwardModel`).
@@ -481,4 +496,4 @@ def forward_model(
     each = profile.hicache_check_s
     return ForwardModel(model, tp, g, gemm, attention, all_reduce, profile,
                         prefill_checks_s=checks[0] * each,
-                        decode_checks_s=checks[1] * each)  # fmt: skip
+                        decode_checks_s=checks[1] * each, ep=ep)  # fmt: skip

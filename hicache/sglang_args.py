@@ -243,6 +243,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag(("--model-path", "--model"), "model.name", _text,
          "a Hugging Face id or local path, mapped to a model preset"),
     Flag(("--tp-size", "--tensor-parallel-size"), "model.tp", _int, "--tp: an abbreviation"),
+    Flag(("--ep-size", "--expert-parallel-size", "--ep"), "model.ep", _int,
+         "MoE layers, with the standard token dispatcher (--moe-a2a-backend none)"),
     Flag(("--kv-cache-dtype",), "model.kv_dtype", _kv_dtype,
          "auto, bf16/bfloat16, fp8_e4m3, fp8_e5m2"),
     Flag(("--quantization",), "model.weight_dtype", _text,
@@ -309,7 +311,6 @@ IGNORED: dict[str, str] = {
     "and weight widths are --kv-cache-dtype and model.weight_dtype",
     "--dp-size": "one data-parallel replica is simulated",
     "--enable-dp-attention": "one data-parallel replica is simulated",
-    "--ep-size": "expert parallelism is not modelled",
     "--pp-size": "pipeline parallelism is not modelled",
     "--random-seed": "a sampling seed: the simulator does not sample (run.seed is its own)",
     "--attention-backend": _COMPUTE,
@@ -665,6 +666,8 @@ def sglang_flags(cfg: Any) -> tuple[list[str], list[str], list[str]]:
     source = m.config or m.name
     path = str(Path(source).parent) if source.endswith(".json") else source
     flags = ["--model-path", MODEL_IDS.get(path, path), "--tp-size", str(m.tp)]
+    if m.ep > 1:
+        flags += ["--ep-size", str(m.ep)]
     comments = [f"hardware: {g.name} over {lk.name} (not a flag)"]
     flags += _dtype_flags(m, comments)
     flags += ["--page-size", str(c.page_size), "--mem-fraction-static", _num(g.mem_fraction)]

@@ -130,7 +130,7 @@ def build_costs(cfg: SimConfig) -> Costs:
     prof = latency.load_profile(cfg.run.profile or None, cfg.gpu.name, cfg.link.name)
     backend = cfg.link.io_backend
     checks = hicache_checks(cfg.sglang.version, tp, cfg.cache.enable_host, cfg.storage.enabled)
-    fwd = forward_model(model, gpu, tp, prof, checks)
+    fwd = forward_model(model, gpu, tp, prof, checks, ep=cfg.model.ep)
     server = server_for(cfg)
     d2h, h2d = prof.link(backend, "d2h"), prof.link(backend, "h2d")
     d2h = shared_link(d2h, rank_link_share(server, d2h.beta_Bps, tp))

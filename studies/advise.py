@@ -235,7 +235,7 @@ def _all_miss_cost(cfg: SimConfig) -> Answer:
     gpu = get_gpu(cfg.gpu.name)
     prof = load_profile(cfg.run.profile or None, cfg.gpu.name, cfg.link.name)
     checks = hicache_checks(cfg.sglang.version, cfg.model.tp, True, cfg.storage.enabled)
-    fm = forward_model(cfg.model.spec, gpu, cfg.model.tp, prof, checks)
+    fm = forward_model(cfg.model.spec, gpu, cfg.model.tp, prof, checks, ep=cfg.model.ep)
     step = fm.decode_time(32, 32 * 4096)
     prefill = fm.prefill_time([(4096, 0)])
     per_step, per_pass = fm.decode_checks_s / step, fm.prefill_checks_s / prefill

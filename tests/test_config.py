@@ -503,3 +503,34 @@ def test_eviction_policy_config_is_checked_and_0523_only() -> None:
             ["sglang.version=0.5.14", "cache.eviction=slru",
              'cache.eviction_policy_config={"protected_threshold": 3}'],
         )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("items", "message"),
+    [
+        (["model.ep=2"], "model.ep: llama-3-8b has no MoE layers"),
+        (["model.name=qwen3-30b-a3b", "model.tp=4", "model.ep=2"],
+         "SGLang needs --ep-size equal to --tp-size"),
+        (["model.name=qwen3-30b-a3b", "model.ep=0"], "model.ep: must be >= 1"),
+    ],
+)  # fmt: skip
+def test_expert_parallelism_follows_sglangs_rule(items: list[str], message: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        load_config(None, items)
+    assert message in str(e.value)
+    ok = load_config(None, ["model.name=qwen3-30b-a3b", "model.tp=4", "model.ep=4"])
+    assert ok.model.ep == 4
+
+
+def test_ep_size_flag_round_trips() -> None:
+    """``--ep-size`` (and its aliases) sets ``model.ep``; the flags a config stands for name it
+    back when it is on."""
+    from hicache.sglang_args import parse_sglang_args, sglang_flags
+
+    for flag in ("--ep-size", "--expert-parallel-size", "--ep"):
+        got = parse_sglang_args(f"--model-path Qwen/Qwen3-30B-A3B --tp 4 {flag} 4")
+        assert "model.ep=4" in got.overrides and not got.ignored
+    cfg = load_config(None, ["model.name=qwen3-30b-a3b", "model.tp=4", "model.ep=4"])
+    flags, _, _ = sglang_flags(cfg)
+    assert flags[flags.index("--ep-size") + 1] == "4"
+    assert "--ep-size" not in sglang_flags(load_config(None, []))[0]

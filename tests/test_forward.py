@@ -176,6 +176,16 @@ def test_model_command_prints_the_breakdown(capsys: pytest.CaptureFixture[str]) 
     assert main(["model", "forward", "--model", "nope"]) == 2
     assert "unknown model 'nope'" in capsys.readouterr().err
     assert main(["model", "forward", "--tokens", "a,b"]) == 2
+    capsys.readouterr()
+    # --ep: the EP shapes, or SGLang's rule as a one-line error
+    assert main(["model", "forward", "--model", "qwen3-30b-a3b", "--tp", "4", "--ep", "4",
+                 "--tokens", "4096", "--json"]) == 0  # fmt: skip
+    ep = json.loads(capsys.readouterr().out)[0]["linear_s"]
+    assert main(["model", "forward", "--model", "qwen3-30b-a3b", "--tp", "4",
+                 "--tokens", "4096", "--json"]) == 0  # fmt: skip
+    assert ep != json.loads(capsys.readouterr().out)[0]["linear_s"]
+    assert main(["model", "forward", "--model", "qwen3-30b-a3b", "--tp", "4", "--ep", "2"]) == 2
+    assert "SGLang needs --ep-size equal to --tp-size" in capsys.readouterr().err
 
 
 def test_hicache_checks_per_version_pass_and_store(prof: Profile) -> None:
@@ -471,3 +481,37 @@ def test_forward_model_takes_the_fitted_gemm_and_the_checks_at_tp2(prof: Profile
     # at tp 2: the completion checks asked for (150 us each in the shipped profile)
     fm = forward_model(_toy(), "h100-sxm", 2, prof, (2, 3))
     assert (fm.prefill_checks_s, fm.decode_checks_s) == (pytest.approx(3e-4), pytest.approx(4.5e-4))
+
+
+def test_expert_parallelism_holds_whole_experts(prof: Profile) -> None:
+    """``--ep-size`` = ``tp`` (SGLang's rule): each of Qwen3-235B's 8 ranks holds 16 whole
+    experts (1,536 columns) instead of all 128 cut to 192 columns, and gets ``t x 8 / 8`` of
+    the routed rows; the attention, the router and the all-reduce are as under TP."""
+    m = get_model("qwen3-235b-a22b")
+    e, k, width, h = m.num_experts, m.experts_per_token, m.expert_intermediate_size, m.hidden_size
+    t = 4096
+    tp_ops = {o.op.name: o for o in layer_ops(m, 8, t, moe=True)}
+    ep_ops = {o.op.name: o for o in layer_ops(m, 8, t, moe=True, ep=8)}
+    assert tp_ops.keys() == ep_ops.keys()
+    up_tp, up_ep = tp_ops["expert_mlp_up_proj"], ep_ops["expert_mlp_up_proj"]
+    assert up_tp.op.n == 2 * width // 8 and up_ep.op.n == 2 * width  # gate + up
+    assert up_tp.op.m == t * k and up_ep.op.m == t * k / 8
+    assert up_tp.groups == pytest.approx(expected_experts_hit(e, k, t))
+    assert up_ep.groups == pytest.approx(e / 8 * (1 - (1 - k / e) ** t))
+    # the same work per rank: routed rows x columns
+    assert up_ep.op.m * up_ep.op.n == pytest.approx(up_tp.op.m * up_tp.op.n)
+    for name in ("moe_router", "attn_pre_proj", "post_attention_layernorm"):
+        assert tp_ops[name] == ep_ops[name]
+    assert ep_ops["moe_router"].op.n == e and ep_ops["moe_router"].op.k == h
+    # one decode token: the k experts it picks are 1 local expert per rank on average
+    assert {o.op.name: o for o in layer_ops(m, 8, 1, moe=True, ep=8)}[
+        "expert_mlp_up_proj"
+    ].groups == pytest.approx(1.0)
+    # the forward model charges the EP shapes, and the all-reduce is the same
+    fm_tp = forward_model(m, "h200", 8, prof)
+    fm_ep = forward_model(m, "h200", 8, prof, ep=8)
+    assert fm_ep.linear_s(t) != fm_tp.linear_s(t)
+    assert fm_ep.allreduce_s(t, 1) == fm_tp.allreduce_s(t, 1)
+    dense = forward_model(get_model("llama-3-8b"), "h100-sxm", 1, prof, ep=1)
+    assert dense.linear_s(t) == forward_model(get_model("llama-3-8b"), "h100-sxm", 1,
+                                              prof).linear_s(t)  # fmt: skip

@@ -99,10 +99,10 @@ def attention_ops(layer: DenseLayer, tokens: int) -> list[LayerOp]:
 
 
 def mlp_ops(
-    hidden: int, width: int, gated: bool, tokens: int, dtype_bytes: int = 2
+    hidden: int, width: int, gated: bool, tokens: float, dtype_bytes: int = 2
 ) -> list[LayerOp]:
     """Up projection, activation and down projection of an MLP of ``width`` on one rank (an
-    MoE expert is one such MLP over the tokens routed to it)."""
+    MoE expert is one such MLP over the tokens routed to it; ``tokens`` may be a mean)."""
     t, up = tokens, (2 if gated else 1) * width
     return [
         _gemm("mlp_up_proj", t, up, hidden),

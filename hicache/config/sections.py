@@ -130,6 +130,11 @@ class ModelConfig:
     config: str = ""
     # one GPU: the simplest setup, and the host pool is sized per rank anyway
     tp: int = 1
+    # SGLang's --ep-size (expert parallelism of the MoE layers; 1 = off, as SGLang's default):
+    # each rank holds num_experts / ep whole experts instead of every expert's 1 / tp slice;
+    # SGLang needs ep = tp (ep_size x moe_dp_size = tp_size, moe_dp_size 1). MoE models only;
+    # the standard token dispatcher (--moe-a2a-backend none), so the all-reduce stays
+    ep: int = 1
     # bytes per weight as served: "auto" = the model's own (bf16, or a quantized config.json's
     # width), else bf16/fp16 (2 B), fp8/int8 (1 B: an FP8 or Int8 checkpoint, SGLang's
     # --quantization fp8) or int4 (0.5 B: AWQ, GPTQ-Int4); sets the weights' HBM and so the
@@ -148,12 +153,31 @@ class ModelConfig:
             object.__setattr__(self, "name", hardware.preset_name(self.name) or self.name)
         _preset(where, hardware.get_model, self.config or self.name)
         _at_least("model.tp", self.tp, 1)
+        _at_least("model.ep", self.ep, 1)
         _choice("model.weight_dtype", self.weight_dtype, WEIGHT_DTYPES)
         _choice("model.kv_dtype", self.kv_dtype, KV_DTYPES)
         try:
             hardware.kv_bytes_per_token(self.spec, self.tp)
         except ValueError as e:
             raise ConfigError("model.tp", str(e)) from None
+        if self.ep > 1:
+            self._check_ep()
+
+    def _check_ep(self) -> None:
+        """SGLang's rule for ``--ep-size`` > 1 (arg_groups/parallel_hook.py:175-183:
+        ``ep_size * moe_dp_size == tp_size``; ``moe_dp_size`` is 1 here), and whole experts
+        per rank (fused_moe_triton/layer.py:390-428)."""
+        m = self.spec
+        if not m.num_experts:
+            raise ConfigError("model.ep", f"{m.name} has no MoE layers: expert parallelism "
+                                          "applies to MoE models")  # fmt: skip
+        if self.ep != self.tp:
+            raise ConfigError("model.ep", f"SGLang needs --ep-size equal to --tp-size (ep_size x "
+                                          f"moe_dp_size = tp_size), got ep {self.ep}, tp "
+                                          f"{self.tp}")  # fmt: skip
+        if m.num_experts % self.ep:
+            raise ConfigError("model.ep", f"ep {self.ep} does not split {m.name}'s "
+                                          f"{m.num_experts} experts")  # fmt: skip
 
     @functools.cached_property
     def spec(self) -> hardware.ModelSpec:
