@@ -199,3 +199,38 @@ def test_the_promised_gap_is_held_back_from_the_next_request(tmp_path: Path) -> 
     assert turn2["prealloc_s"] == 200.0 and turn2["decode_storage_hit_tokens"] == 6144
     assert not turn2["decode_restore_failed"] and turn2["finish_s"] > 0
     assert other["prealloc_s"] > turn2["first_token_s"]
+
+
+def test_no_restore_while_three_loads_are_in_flight(tmp_path: Path) -> None:
+    """``has_free_load_back_slot``: with three load-backs unacknowledged on the decode server,
+    turn 2's restore is not queued (its prefetch not even polled); it goes at the first poll
+    after one of them is acknowledged."""
+    from hicache.policy.controller import LoadBatch
+
+    trace = _trace(tmp_path, REQS)
+    cfg = load_config(None, [*BASE, "pd.enabled=true", *STORE, *RADIX])
+    free_at = 200.5
+    ends: dict[str, float] = {}
+    for blocked in (False, True):
+        engine, _ = build_pd_engine(cfg, trace)
+        role = engine.decode[0]
+        ctrl = role.cache.controller
+        if blocked:
+            held = [LoadBatch(-1 - i, []) for i in range(3)]
+
+            def occupy(_e: Any, held: list[LoadBatch] = held, ctrl: Any = ctrl) -> None:
+                ctrl.load_queue.extend(held)
+
+            def release(_e: Any, held: list[LoadBatch] = held, role: Any = role) -> None:
+                held[0].done = True
+                role.poke()
+
+            engine.env.timeout(199.0).callbacks.append(occupy)
+            engine.env.timeout(free_at).callbacks.append(release)
+        engine.run()
+        loads = [row for row in role.inst.recorder.frames()["transfers"].itertuples()
+                 if row.direction == "h2d"]  # fmt: skip
+        assert len(loads) == 1
+        ends[str(blocked)] = loads[0].start_s
+    assert ends["False"] < 200.1
+    assert ends["True"] >= free_at

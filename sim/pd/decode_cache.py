@@ -72,12 +72,13 @@ locks, the load-back and the insert at the finish are the decode instance's own 
 policy core's. Simplified: the load-back is issued in the pre-allocation pass itself (SGLang's
 next step of the same iteration), before the suffix pages are allocated (SGLang: after), and
 ``decode_prefix_len`` is what it actually loaded (SGLang promises the match and fails the
-request on a short load); no limit of 3 loads in flight; the restore reservation is not needed
-since the load allocates its pages at once. With a storage tier on the decode role, a request
-whose prompt continues in L3 follows SGLang's steps instead (:mod:`sim.pd.decode_l3`): the
-query, the promise of ``l1 + l2 + l3``, the prefetch, the reservation of the promised gap, and
-the restore (re-match, load-back, lock) in the transfer queue once the prefetch ends, a short
-one aborting the request. The offload manager is :mod:`sim.pd.offload`.
+request on a short load), without the limit of 3 load-backs in flight; the restore
+reservation is not needed since the load allocates its pages at once. With a storage tier on
+the decode role, a request whose prompt continues in L3 follows SGLang's steps instead
+(:mod:`sim.pd.decode_l3`): the query, the promise of ``l1 + l2 + l3``, the prefetch, the
+reservation of the promised gap, and the restore (re-match, load-back, lock) in the transfer
+queue once the prefetch ends, a short one aborting the request. The offload manager is
+:mod:`sim.pd.offload`.
 """
 
 from __future__ import annotations
@@ -94,6 +95,12 @@ from sim.link import Job
 from sim.pd.decode_l3 import L3Restore, decode_l3_for
 from sim.pd.decode_side import DecodeRole
 from sim.pd.request import PdReq
+
+#: Load-backs in flight (issued, not yet acknowledged) above which the decode side queues no
+#: new restore: ``has_free_load_back_slot`` (unified_radix_cache.py:3733-3736) compares
+#: ``len(ack_load_queue)`` with the layer-done counter's ``num_counters``, 3
+#: (managers/cache_controller.py:87).
+LOAD_BACK_SLOTS = 3
 
 
 class RadixDecodeRole(DecodeRole):
@@ -258,6 +265,8 @@ class RadixDecodeRole(DecodeRole):
         waiting = [r for r in self.transfer if r.l3 is not None and not r.l3.started]
         if not waiting:
             return
+        if len(self.cache.controller.load_queue) >= LOAD_BACK_SLOTS:
+            return  # has_free_load_back_slot: no new load-back (nor prefetch poll) this pass
         now, ps = self.env.now, self.sched.p.page_size
         started: list[PdReq] = []
         for r in waiting:

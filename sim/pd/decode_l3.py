@@ -38,10 +38,11 @@ Here the policy steps are the decode instance's own 0.5.23 ``UnifiedRadixCache``
 ``StorageAttachment`` (``hicache.policy.v0523``), the same ones the prefill scheduler's L3 tier
 runs and conformance holds against SGLang's class. The query's time is one backend
 ``batch_exists`` call (:meth:`~hicache.storage_backends.StorageBackendSpec.stage_seconds`)
-charged to the decode scheduler, as the synchronous call on its thread is. Not modelled: the
-limit of three load-backs in flight (``has_free_load_back_slot``), as for the host hits
-(sim.pd.decode_cache); the all-reduce of the hit count across TP ranks; decode-side L3 under
-``--hicache-host-memory-mode buffer_only`` (no decode L3 then).
+charged to the decode scheduler, as the synchronous call on its thread is. The restores
+respect SGLang's limit of three load-backs in flight (``has_free_load_back_slot``: while three
+are unacknowledged, no restore is queued and no prefetch polled). Not modelled: the all-reduce
+of the hit count across TP ranks; decode-side L3 under ``--hicache-host-memory-mode
+buffer_only`` (no decode L3 then).
 """
 
 from __future__ import annotations
