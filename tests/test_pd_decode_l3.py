@@ -178,7 +178,7 @@ def test_the_query_is_charged_to_the_decode_scheduler(tmp_path: Path) -> None:
     role.inst.ctrl.hold = record  # type: ignore[method-assign]
     engine.run()
     l3 = role.l3
-    assert l3 is not None and l3.queries == 4 and l3.failed == 0
+    assert l3 is not None and l3.queries == 4 and role.restores_failed == 0
     spec, page_bytes = l3.storage.spec, l3.storage.page_bytes
     assert not spec.query_stops_at_miss and spec.query_call_s > 0
     pages = [n // 64 for _, n, _, _ in REQS]  # 96, 100, 100, 104: each prompt from the root
@@ -234,3 +234,34 @@ def test_no_restore_while_three_loads_are_in_flight(tmp_path: Path) -> None:
         ends[str(blocked)] = loads[0].start_s
     assert ends["False"] < 200.1
     assert ends["True"] >= free_at
+
+
+def test_host_hits_load_after_the_pass_as_sglang(tmp_path: Path) -> None:
+    """A promised host hit is loaded back in the transfer queue, after the pre-allocation pass
+    (SGLang's ``pop_preallocated`` then ``pop_transferred``): no load is issued inside the pass,
+    so every request of a pass is matched before any of them loads; the restore follows at
+    once, in the same iteration."""
+    reqs = [(0, 6144, 64, 0), (100_000, 6400, 64, 100), (200_000, 6656, 64, 0)]
+    small = "pd.decode_set=gpu.device_tokens=8192;cache.write_policy=write_through"
+    cfg = load_config(None, [*BASE, "pd.enabled=true", "sglang.version=0.5.23",
+                             "pd.decode_radix_cache=true", small])  # fmt: skip
+    engine, _ = build_pd_engine(cfg, _trace(tmp_path, reqs))
+    role = engine.decode[0]
+    ctrl = role.cache.controller
+    seen: list[tuple[float, int, int, bool]] = []
+    prealloc = role._pop_preallocated
+
+    def watched() -> None:
+        before = len(ctrl.load_queue)
+        prealloc()
+        pending = [r for r in role.transfer if r.restore is not None and not r.restore.started]
+        if pending:
+            seen.append((engine.env.now, len(ctrl.load_queue) - before, len(ctrl.pending_loads),
+                         pending[0].restore.registered))  # fmt: skip
+
+    role._pop_preallocated = watched  # type: ignore[method-assign]
+    engine.run()
+    assert seen == [(200.0, 0, 0, False)]  # one host-hit restore, nothing loaded in the pass
+    third = engine.records[2]
+    assert third.decode_host_hit == 6144 and third.restore is not None
+    assert third.restore.started and third.restore_end_s > 200.0

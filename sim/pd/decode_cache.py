@@ -69,16 +69,13 @@ What this module does with that: :class:`RadixDecodeRole` replaces
 :class:`~sim.pd.decode_side.DecodeRole`'s pre-allocation and transfer polling. The match, the
 locks, the load-back and the insert at the finish are the decode instance's own 0.5.23
 ``UnifiedRadixCache`` (``hicache.policy.v0523``) through its lifecycle, so the hits are the
-policy core's. Simplified: the load-back is issued in the pre-allocation pass itself (SGLang's
-next step of the same iteration), before the suffix pages are allocated (SGLang: after), and
-``decode_prefix_len`` is what it actually loaded (SGLang promises the match and fails the
-request on a short load), without the limit of 3 load-backs in flight; the restore
-reservation is not needed since the load allocates its pages at once. With a storage tier on
-the decode role, a request whose prompt continues in L3 follows SGLang's steps instead
-(:mod:`sim.pd.decode_l3`): the query, the promise of ``l1 + l2 + l3``, the prefetch, the
-reservation of the promised gap, and the restore (re-match, load-back, lock) in the transfer
-queue once the prefetch ends, a short one aborting the request. The offload manager is
-:mod:`sim.pd.offload`.
+policy core's. A request with a promised host or L3 part (``l2 + l3 > 0``) takes SGLang's
+steps in SGLang's order: its suffix pages at pre-allocation (evicting for the pages past
+``l1``), the promised gap held back from later requests' budget, the L3 prefetch if any
+(:mod:`sim.pd.decode_l3`), then, in the transfer queue after the pass, the restore
+(re-match, load-back, lock) while fewer than three load-backs are in flight; a restore short
+of the promise aborts the request. So every request of a pass is matched before any of them
+loads its host part back. The offload manager is :mod:`sim.pd.offload`.
 """
 
 from __future__ import annotations
@@ -92,7 +89,7 @@ from hicache.lifecycle_v0523 import KVLifecycle0523, ReqKV23
 from hicache.policy.v0523 import UnifiedRadixCache
 from sim.instance import Instance
 from sim.link import Job
-from sim.pd.decode_l3 import L3Restore, decode_l3_for
+from sim.pd.decode_l3 import PendingRestore, decode_l3_for
 from sim.pd.decode_side import DecodeRole
 from sim.pd.request import PdReq
 
@@ -127,6 +124,7 @@ class RadixDecodeRole(DecodeRole):
         self.l3 = decode_l3_for(cache, inst.storage)
         self.on_failed: Callable[[PdReq], None] = _ignore  # set by the engine
         self._deadline_armed: set[int] = set()
+        self.restores_failed = 0  # restores short of their promise (the requests aborted)
         if self.l3 is not None and inst.storage is not None:
             inst.storage.listeners.append(self._storage_call_ended)
 
@@ -145,7 +143,7 @@ class RadixDecodeRole(DecodeRole):
         return super().pump()
 
     def _restores_waiting(self) -> bool:
-        return any(r.l3 is not None and not r.l3.started for r in self.transfer)
+        return any(r.restore is not None and not r.restore.started for r in self.transfer)
 
     def _pop_preallocated(self) -> None:
         """``pop_preallocated`` with the decode radix cache (decode.py:1496-1636): match and
@@ -155,7 +153,6 @@ class RadixDecodeRole(DecodeRole):
         clip = self.sched.p.clip_max_new_tokens
         ps = self.sched.p.page_size
         life, cache = self.life, self.cache
-        loading: list[PdReq] = []
         restoring = self._pending_restore_tokens()  # _hicache_pending_restore_tokens
         while self.queue:
             r = self.queue[0]
@@ -180,48 +177,41 @@ class RadixDecodeRole(DecodeRole):
                 life.release(m.last_device)
                 break
             # _start_hicache_prefetch: the L3 promise stands only if the prefetch was taken
-            if (
+            taken = (
                 l3 > 0
                 and self.l3 is not None
                 and self.l3.start(r.rid, m, tuple(prompt), fill, l3, self.env.now)
-            ):
-                if not self._prealloc_for_l3(r, m, l3, pages):
+            )
+            if not taken:
+                l3 = 0
+            if m.host_hit_length > 0 or l3 > 0:  # needs_local_restore: the transfer queue's
+                if not self._prealloc_restoring(r, m, l3, pages, taken):
                     break
                 restoring += r.decode_prefix - l1
                 continue
-            prefix, last = m.device_pages, m.last_device
-            if m.host_hit_length > 0:  # init_load_back of the host part, its anchor pinned
-                prefix, last = life.load_back_pinned(m)
-            held = len(prefix)  # pages of decode_prefix_len (the list grows into the KV)
-            loaded = held - len(m.device_pages)
-            got = life.alloc(pages - held, (pages - held) * ps)
+            got = life.alloc(pages - len(m.device_pages), alloc)
             if got is None:
-                if loaded:  # the load stays in the tree (pinned until its ack)
-                    self.inst.ctrl.launch_loads()
                 life.release(m.last_device)
                 break
-            if loaded:
-                r.restored = False
-                loading.append(r)
-            self._take(r, m, prefix, last, got, (l1, loaded * ps, 0))
-        self._launch_restores(loading)
+            self._take(r, m, m.device_pages, m.last_device, got, (l1, 0, 0))
 
-    def _prealloc_for_l3(self, r: PdReq, m: Any, l3: int, pages: int) -> bool:
+    def _prealloc_restoring(self, r: PdReq, m: Any, l3: int, pages: int, prefetching: bool) -> bool:
         """``_pre_alloc`` of a request promised ``l1 + l2 + l3``: the pages past the promise
         now (evicting for the pages past ``l1``, decode.py:2280-2300), the gap later from its
-        restore. False: no room (the prefetch is aborted, the pass stops)."""
-        assert self.l3 is not None
+        restore (``prefetching``: after its L3 prefetch). False: no room (the prefetch is
+        aborted, the pass stops)."""
         ps = self.sched.p.page_size
         life = self.life
         l1 = len(m.device_pages)
         promised = l1 + (m.host_hit_length + l3) // ps
         got = life.alloc(pages - promised, (pages - l1) * ps)
         if got is None:
-            self.l3.abort(r.rid)
+            if prefetching and self.l3 is not None:
+                self.l3.abort(r.rid)
             life.release(m.last_device)
             return False
         r.restored = False
-        r.l3 = L3Restore(l1, promised)
+        r.restore = PendingRestore(l1, promised, registered=prefetching)
         self._take(r, m, list(m.device_pages), m.last_device, got, (l1 * ps, m.host_hit_length, l3))
         r.decode_prefix = promised * ps  # the promise: its gap is restored later
         return True
@@ -250,19 +240,17 @@ class RadixDecodeRole(DecodeRole):
         """``_hicache_pending_restore_tokens``: the promised gaps of the transfer queue's
         requests that hold no restore lock yet."""
         return sum(
-            (r.l3.promised - r.l3.l1) * self.sched.p.page_size
+            (r.restore.promised - r.restore.l1) * self.sched.p.page_size
             for r in self.transfer
-            if r.l3 is not None and not r.l3.started
+            if r.restore is not None and not r.restore.started
         )
 
-    def _restore_from_l3(self) -> None:
-        """``_process_hicache_local_restores`` for the requests waiting on their L3 prefetch:
-        the prefetch checked, then the promised prefix re-matched and loaded back
+    def _restore_pending(self) -> None:
+        """``_process_hicache_local_restores``: for each request with a promised host/L3 part,
+        its L3 prefetch checked (if any), then the promised prefix re-matched and loaded back
         (``_try_hicache_queue_load_back``); the pass's loads go out as one job."""
         l3 = self.l3
-        if l3 is None:
-            return
-        waiting = [r for r in self.transfer if r.l3 is not None and not r.l3.started]
+        waiting = [r for r in self.transfer if r.restore is not None and not r.restore.started]
         if not waiting:
             return
         if len(self.cache.controller.load_queue) >= LOAD_BACK_SLOTS:
@@ -270,11 +258,12 @@ class RadixDecodeRole(DecodeRole):
         now, ps = self.env.now, self.sched.p.page_size
         started: list[PdReq] = []
         for r in waiting:
-            st = r.l3
+            st = r.restore
             assert st is not None
             if st.failed:
                 continue
             if st.registered:
+                assert l3 is not None
                 if not l3.progress(r.rid, now):
                     self._wake_at_deadline(r.rid)
                     continue
@@ -287,7 +276,7 @@ class RadixDecodeRole(DecodeRole):
                 prefix, last = self.life.load_back_pinned(m)
             if len(prefix) < st.promised:  # the load fell short: HiCacheRestoreResult.FAILED
                 st.failed = r.restored = r.restore_failed = True
-                l3.failed += 1
+                self.restores_failed += 1
                 continue
             self.cache.inc_lock_ref(last)  # the restore lock, held until the commit
             st.node, st.prefix, st.started = last, prefix, True
@@ -318,7 +307,7 @@ class RadixDecodeRole(DecodeRole):
     def _commit(self, r: PdReq) -> None:
         """``_commit_hicache_local_restore_to_req``: the restore's lock replaces the
         pre-allocation's, the restored pages fill the row up to the promise."""
-        st, kv = r.l3, r.kv
+        st, kv = r.restore, r.kv
         assert st is not None and st.prefix is not None and st.node is not None
         assert isinstance(kv, ReqKV23)
         self.cache.dec_lock_ref(kv.last_node)
@@ -329,8 +318,9 @@ class RadixDecodeRole(DecodeRole):
     def _fail(self, r: PdReq) -> None:
         """A restore that fell short, seen at the KV poll: SGLang aborts the request
         (``prepare_abort``, status 500) and releases what it held."""
-        assert r.kv is not None and self.l3 is not None
-        self.l3.abort(r.rid)
+        assert r.kv is not None
+        if self.l3 is not None:
+            self.l3.abort(r.rid)
         self._release(r.kv)
         r.kv = None
         r.rejected = True
@@ -340,9 +330,9 @@ class RadixDecodeRole(DecodeRole):
 
     def cancel(self, r: PdReq) -> None:
         """The prefill side rejected ``r``: its prefetch and restore lock go too."""
-        st = r.l3
-        if st is not None and self.l3 is not None:
-            if st.registered:
+        st = r.restore
+        if st is not None:
+            if st.registered and self.l3 is not None:
                 self.l3.abort(r.rid)
             if st.started and st.node is not None:
                 self.cache.dec_lock_ref(st.node)
@@ -377,12 +367,12 @@ class RadixDecodeRole(DecodeRole):
     def _pop_transferred(self) -> None:
         """``pop_transferred`` behind the restore gate (``HiCacheRestoreGatedKVReceiver``):
         the transfer and the local load-back both done."""
-        self._restore_from_l3()
+        self._restore_pending()
         done = [r for r in self.transfer if r.arrived and r.restored]
         for r in done:
             self.transfer.remove(r)
-            if r.l3 is not None:
-                if r.l3.failed:
+            if r.restore is not None:
+                if r.restore.failed:
                     self._fail(r)
                     continue
                 self._commit(r)

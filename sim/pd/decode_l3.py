@@ -59,11 +59,12 @@ if TYPE_CHECKING:
 
 
 @dataclass(eq=False, slots=True)
-class L3Restore:
-    """A request whose promised prefix waits for its L3 prefetch and its load-back.
+class PendingRestore:
+    """A request whose promised prefix past its device prefix (host, L3) waits for its
+    restore: its L3 prefetch, if any, then its load-back.
 
     ``l1`` / ``promised``: the device prefix and ``decode_prefix_len`` in pages; ``registered``:
-    its prefetch is in flight (it must be aborted with the request); ``started``: the load-back
+    an L3 prefetch is in flight (polled first; aborted with the request); ``started``: the load-back
     was issued (``node``: the restore lock's node, ``prefix``: the row's pages up to
     ``promised``); ``failed``: the restore fell short (the request is aborted at its KV poll).
     """
@@ -87,7 +88,6 @@ class DecodeL3:
         self.storage = storage
         self.page_size = attachment.page_size
         self.queries = 0
-        self.failed = 0
 
     def query(self, m: Match, prompt: tuple[object, ...]) -> tuple[int, float]:
         """``query_storage_hit_length`` past ``m`` for the paged ``prompt``: (hit tokens, the

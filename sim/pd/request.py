@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from sim.cache_types import AnyKV
-from sim.pd.decode_l3 import L3Restore
+from sim.pd.decode_l3 import PendingRestore
 from sim.scheduler import SimReq
 
 
@@ -42,10 +42,10 @@ class PdReq:
     restored: bool = True
     restore_end_s: float = -1.0
     transfer_bytes_saved: int = 0
-    # decode-side L3 (sim.pd.decode_l3): the promised tokens the store holds, the restore
-    # waiting for their prefetch, and whether that restore fell short (the request aborted)
+    # the promised tokens the store holds (decode-side L3, sim.pd.decode_l3), the local restore
+    # of the promised host/L3 part, and whether that restore fell short (the request aborted)
     decode_storage_hit: int = 0
-    l3: L3Restore | None = None
+    restore: PendingRestore | None = None
     restore_failed: bool = False
     # the decode side's output page symbols (its SimReq's list, grown as its outputs are
     # cached): what the decode offload manager keys the outputs by (sim.pd.offload)
