@@ -22,12 +22,14 @@ Standard library only, plus the presets (``hicache.hardware``), the shipped prof
 (``hicache.latency``) and the policy core's choice lists and host sizing (``hicache.policy``).
 """
 
+from hicache.config.base import ROUTER_POLICIES, ConfigError
 from hicache.config.loading import (
     config_from_dict,
     config_to_dict,
     load_config,
     with_overrides,
 )
+from hicache.config.pd import PdConfig
 from hicache.config.pools import (
     HostMemory,
     HostMemoryError,
@@ -43,13 +45,11 @@ from hicache.config.sections import (
     MEM_LAYOUTS,
     OUTPUT_MODES,
     OUTPUT_REUSE_MODES,
-    ROUTER_POLICIES,
     SCHEDULE_POLICIES,
     SCHEDULER_ENGINES,
     SECTIONS,
     CacheConfig,
     ClusterConfig,
-    ConfigError,
     GpuConfig,
     LinkConfig,
     ModelConfig,
@@ -83,6 +83,7 @@ __all__ = [
     "HostMemoryError",
     "LinkConfig",
     "ModelConfig",
+    "PdConfig",
     "RouterConfig",
     "RunConfig",
     "SchedulerConfig",

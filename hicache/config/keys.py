@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from typing import Any, get_type_hints
 
 from hicache import hardware
+from hicache.config.base import ROUTER_POLICIES
+from hicache.config.pd import PD_RETRACTION_BACKUPS, PD_ROUTERS, PD_TRANSFERS
 from hicache.config.sections import (
     CLOSED_LOOP_MODES,
     EVICTION_CHOICES,
@@ -25,10 +27,6 @@ from hicache.config.sections import (
     MEM_LAYOUTS,
     OUTPUT_MODES,
     OUTPUT_REUSE_MODES,
-    PD_RETRACTION_BACKUPS,
-    PD_ROUTERS,
-    PD_TRANSFERS,
-    ROUTER_POLICIES,
     SCHEDULE_POLICIES,
     SCHEDULER_ENGINES,
     SECTIONS,

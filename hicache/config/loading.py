@@ -10,12 +10,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, get_type_hints
 
-from hicache.config.sections import (
-    SECTIONS,
-    ConfigError,
-    SimConfig,
-    _Section,
-)
+from hicache.config.base import ConfigError
+from hicache.config.sections import SECTIONS, SimConfig, _Section
 
 
 def _field_types(cls: type[_Section]) -> dict[str, type]:

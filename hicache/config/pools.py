@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from hicache import hardware
+from hicache.config.base import ConfigError
 from hicache.config.sections import (
     DEFAULT_HICACHE_RATIO,
     MAX_POOL_PAGES,
-    ConfigError,
     default_hicache_ratio,
     server_for,
 )

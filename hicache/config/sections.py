@@ -1,17 +1,28 @@
-"""The seven config sections (frozen dataclasses with their defaults and the reasons), the
-whole-run :class:`SimConfig`, validation and pool sizing (loading: :mod:`.loading`)."""
+"""The config sections (frozen dataclasses with their defaults and the reasons) and the
+whole-run :class:`SimConfig` with its cross-section checks (loading: :mod:`.loading`; the
+shared validation helpers: :mod:`.base`; the ``[pd]`` section: :mod:`.pd`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
 import json
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, cast
+from typing import ClassVar, cast
 
 from hicache import hardware
+from hicache.config.base import (
+    ROUTER_POLICIES,
+    ConfigError,
+    _at_least,
+    _between,
+    _choice,
+    _in_unit,
+    _positive,
+    _preset,
+)
+from hicache.config.pd import PdConfig
 from hicache.latency import shipped_profile_path, shipped_profiles
 from hicache.policy import STRATEGIES, WRITE_POLICIES
 from hicache.policy.storage import PREFETCH_POLICIES
@@ -54,64 +65,6 @@ HOST_MEMORY_MODES = ("cache", "buffer_only")
 #: page), so a pool beyond this is a typo (1e12 tokens) rather than a study, and would exhaust
 #: memory instead of giving an error. A real pool at page size 1 is ~10^6 pages.
 MAX_POOL_PAGES = 1 << 26
-
-
-class ConfigError(ValueError):
-    """A configuration a user wrote is invalid. ``str()`` is one line:
-    ``SOURCE: section.key: problem`` (``SOURCE`` is a file or a ``--set`` item, when known)."""
-
-    def __init__(self, field: str, problem: str, source: str | None = None) -> None:
-        self.field = field
-        self.problem = problem
-        self.source = source
-        super().__init__(str(self))
-
-    def __str__(self) -> str:
-        parts = [p for p in (self.source, self.field, self.problem) if p]
-        return ": ".join(parts)
-
-    def __reduce__(self) -> tuple[type[ConfigError], tuple[str, str, str | None]]:
-        # rebuild from the parts, so the error survives pickling (process-pool sweeps)
-        return (ConfigError, (self.field, self.problem, self.source))
-
-    def with_source(self, source: str | None) -> ConfigError:
-        """The same error attributed to ``source`` (kept if already attributed)."""
-        return type(self)(self.field, self.problem, self.source or source)  # keeps the kind
-
-
-# --- validation helpers (each raises ConfigError naming section.key) -------------------------
-
-
-def _choice(where: str, value: str, choices: Sequence[str]) -> None:
-    if value not in choices:
-        raise ConfigError(where, f"{value!r} is not one of: {', '.join(choices)}")
-
-
-def _at_least(where: str, value: float, lo: float) -> None:
-    if not value >= lo:
-        raise ConfigError(where, f"must be >= {lo:g}, got {value:g}")
-
-
-def _positive(where: str, value: float) -> None:
-    if not value > 0:
-        raise ConfigError(where, f"must be > 0, got {value:g}")
-
-
-def _between(where: str, value: float, lo: float, hi: float) -> None:
-    if not lo <= value <= hi:
-        raise ConfigError(where, f"must be in [{lo:g}, {hi:g}], got {value:g}")
-
-
-def _in_unit(where: str, value: float) -> None:
-    if not 0 < value <= 1:
-        raise ConfigError(where, f"must be in (0, 1], got {value:g}")
-
-
-def _preset(where: str, getter: Any, name: str) -> None:
-    try:
-        getter(name)
-    except ValueError as e:
-        raise ConfigError(where, str(e)) from None
 
 
 # --- sections --------------------------------------------------------------------------------
@@ -494,20 +447,8 @@ class RunConfig:
         _at_least("run.timeline_max_rows", self.timeline_max_rows, 0)
 
 
-#: Routers of a cluster (``sim.routers``): the SGLang gateway's policies, session affinity, and
-#: a tier-aware router that scores each instance's real device/host prefix.
 #: ``storage.backend`` names: "none" plus the presets of ``hicache.storage_backends``.
 STORAGE_BACKENDS = ("none", "file", "3fs", "mooncake")
-
-ROUTER_POLICIES = (
-    "round_robin",
-    "random",
-    "least_load",
-    "power_of_two",
-    "session_affinity",
-    "cache_aware",
-    "tier_aware",
-)
 
 
 @dataclass(frozen=True)
@@ -842,108 +783,4 @@ def profile_mismatch(cfg: SimConfig) -> str | None:
     return machine_mismatch(prov, cfg.gpu.name)
 
 
-#: ``pd.transfer``: how the KV goes from a prefill to a decode server (sim.pd.transfer).
-PD_TRANSFERS = ("rdma", "nvlink")
-#: ``pd.prefill_router`` / ``pd.decode_router``: the cluster routers (sim.routers).
-PD_ROUTERS = ROUTER_POLICIES
-#: ``pd.decode_retraction_backup`` (sim.pd.retraction.RETRACTION_BACKUPS)
-PD_RETRACTION_BACKUPS = ("auto", "host_pool", "cpu_tensor")
-
-
-@dataclass(frozen=True)
-class PdConfig:
-    """Prefill/decode disaggregation (SGLang ``--disaggregation-mode prefill|decode``): requests
-    prefilled on prefill servers, their KV sent to decode servers, decoded there (sim.pd).
-
-    Each role is the run's configuration with its own ``--set`` items applied
-    (``prefill_set``, ``decode_set``: ``section.key=value`` separated by ``;``), so model TP,
-    GPU and cache differ per role. Transfer constants are per rank (each rank sends its KV
-    slice over its own NIC). Defaults of SGLang 0.5.23 are cited where they are its own.
-    """
-
-    section: ClassVar[str] = "pd"
-
-    # run prefill and decode on separate servers (off: one kind of server, as without PD)
-    enabled: bool = False
-    # prefill servers (SGLang --disaggregation-mode prefill)
-    prefill_instances: int = 1
-    # decode servers (SGLang --disaggregation-mode decode)
-    decode_instances: int = 1
-    # the prefill role's own --set items, ';'-separated (e.g. "model.tp=2;gpu.name=h200")
-    prefill_set: str = ""
-    # the decode role's own --set items, ';'-separated (e.g. "gpu.device_tokens=400000")
-    decode_set: str = ""
-    # which prefill server gets a request (the gateway's --prefill-policy). The gateway's PD
-    # mode applies its --policy (default cache_aware) to a role whose own policy is unset
-    # (its start-up log: "prefill_policy: None, decode_policy: None | policy: CacheAware"),
-    # each role with its own prefix tree; router.* holds the policies' settings
-    prefill_router: str = "cache_aware"
-    # which decode server gets a request (the gateway's --decode-policy; see prefill_router)
-    decode_router: str = "cache_aware"
-    # the KV link: rdma (between nodes) or nvlink (prefill and decode in one node)
-    transfer: str = "rdma"
-    # GB/s per rank over RDMA: Mooncake Transfer Engine README, 190 GB/s on 8 x 400 Gb/s RoCE
-    # (40 GB transfers) = 23.75 GB/s per 400 Gb/s NIC, one NIC per GPU as on a DGX H100
-    rdma_gbps: float = 23.75
-    # seconds per transfer op over RDMA (one batch_transfer_sync per prefill chunk:
-    # submit, completion, the done message) [estimate]
-    rdma_latency_s: float = 20e-6
-    # GB/s per rank over NVLink 4 within a node: 80 % of the H100's 450 GB/s per direction
-    # [estimate]
-    nvlink_gbps: float = 360.0
-    # seconds per transfer op over NVLink (a cudaMemcpy launch is 3.5-4 us, HARDWARE.md C3)
-    # [estimate]
-    nvlink_latency_s: float = 5e-6
-    # seconds from the decode server's pre-allocation to the prefill server seeing the request
-    # bootstrapped (KVPoll.WaitingForInput: the ZMQ message with the KV indices) [estimate]
-    bootstrap_s: float = 0.5e-3
-    # seconds the first request of each prefill/decode pair adds (the decode side fetches the
-    # prefill's bootstrap info over HTTP once, then caches it) [estimate]
-    handshake_s: float = 5e-3
-    # decode tokens reserved per request at pre-allocation (--num-reserved-decode-tokens,
-    # SGLang 0.5.23 default 512, arg_groups/fields/disagg.py:109-112)
-    num_reserved_decode_tokens: int = 512
-    # a radix tree on the decode servers (--disaggregation-decode-enable-radix-cache, SGLang
-    # 0.5.23 default off, arg_groups/fields/disagg.py:88-91): each decode server matches a
-    # request's prompt in its own tree and the prefill server sends only the KV past that
-    # prefix; with the decode role's cache.enable_host (--enable-hierarchical-cache on the
-    # decode server, scheduler.py:520-523) host hits are loaded back there (sim.pd.decode_cache).
-    # sglang.version 0.5.23 only
-    decode_radix_cache: bool = False
-    # the decode servers offload decoded KV to L3 (--disaggregation-decode-enable-offload-kvcache,
-    # SGLang 0.5.23 default off, arg_groups/fields/disagg.py:92-94; needs a storage backend,
-    # arg_groups/kv_cache_hook.py:399-405): the whole strides past the page-aligned prompt,
-    # through the manager's own host pool, under the prefill side's page keys (sim.pd.offload)
-    decode_offload_kvcache: bool = False
-    # SGLANG_HICACHE_DECODE_OFFLOAD_STRIDE in tokens: 0 = the page size (its default), else
-    # rounded down to whole pages, at least one (decode_kvcache_offload_manager.py:61-68)
-    decode_offload_stride: int = 0
-    # --disaggregation-decode-retraction-backup: where a retracted request's KV waits (auto =
-    # SGLang 0.5.23's default: host_pool, or cpu_tensor with the decode radix cache or the
-    # offload manager, mem_cache/kv_cache_builder.py:228-241); both copy synchronously
-    # (sim.pd.retraction)
-    decode_retraction_backup: str = "auto"
-
-    def __post_init__(self) -> None:
-        _between("pd.prefill_instances", self.prefill_instances, 1, 4096)
-        _between("pd.decode_instances", self.decode_instances, 1, 4096)
-        _choice("pd.prefill_router", self.prefill_router, PD_ROUTERS)
-        _choice("pd.decode_router", self.decode_router, PD_ROUTERS)
-        _at_least("pd.decode_offload_stride", self.decode_offload_stride, 0)
-        _choice("pd.decode_retraction_backup", self.decode_retraction_backup, PD_RETRACTION_BACKUPS)
-        _choice("pd.transfer", self.transfer, PD_TRANSFERS)
-        _positive("pd.rdma_gbps", self.rdma_gbps)
-        _positive("pd.nvlink_gbps", self.nvlink_gbps)
-        _at_least("pd.rdma_latency_s", self.rdma_latency_s, 0.0)
-        _at_least("pd.nvlink_latency_s", self.nvlink_latency_s, 0.0)
-        _at_least("pd.bootstrap_s", self.bootstrap_s, 0.0)
-        _at_least("pd.handshake_s", self.handshake_s, 0.0)
-        _at_least("pd.num_reserved_decode_tokens", self.num_reserved_decode_tokens, 0)
-
-    def role_overrides(self, role: str) -> list[str]:
-        """The ``--set`` items of ``role`` (``"prefill"`` or ``"decode"``)."""
-        text = self.prefill_set if role == "prefill" else self.decode_set
-        return [item.strip() for item in text.split(";") if item.strip()]
-
-
-SECTIONS["pd"] = cast("type[_Section]", PdConfig)  # registered last: defined after SimConfig
+SECTIONS["pd"] = cast("type[_Section]", PdConfig)  # registered last: the section after "sglang"

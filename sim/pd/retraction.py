@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from hicache.config.sections import PD_RETRACTION_BACKUPS
+from hicache.config.pd import PD_RETRACTION_BACKUPS
 
 #: Pageable copies' share of the pinned bandwidth [estimate: HARDWARE.md C2 measured it on an
 #: RTX 4090 over PCIe Gen4, pageable D2H 9.2-12.3 GB/s against 25.4-26.6 pinned (0.36-0.48)

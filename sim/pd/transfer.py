@@ -31,7 +31,7 @@ from typing import Any
 
 import simpy
 
-from hicache.config.sections import PdConfig
+from hicache.config.pd import PdConfig
 from hicache.models import ModelSpec, kv_bytes_per_token
 
 
