@@ -116,6 +116,12 @@ class StorageBackendSpec:
             fixed += pages * page_bytes / (self.copy_gbps * 1e9)
         return fixed
 
+    def query_pages_charged(self, pages: int, hits: int) -> int:
+        """Pages whose per-page cost an existence query over ``pages`` pages pays when the
+        first ``hits`` are stored: all, except for a key-by-key backend, which stops after the
+        first missing page."""
+        return min(pages, hits + 1) if self.query_stops_at_miss else pages
+
     def call_seconds(self, kind: str, pages: int, page_bytes: int, ranks: int = 1) -> float:
         """Seconds of one ``kind`` call over ``pages`` pages of ``page_bytes`` bytes per rank,
         ``ranks`` ranks moving their shard over an otherwise idle link: per-call latency +

@@ -322,7 +322,7 @@ class SimStorage:
         ``match_chain`` does not touch the LRU)."""
         if call.kind != "query" or not self.spec.query_stops_at_miss:
             return call.pages
-        return min(call.pages, len(self.ctrl.query_probe(call)) + 1)
+        return self.spec.query_pages_charged(call.pages, len(self.ctrl.query_probe(call)))
 
     def _next(self, kind: str) -> None:
         """Start ``kind``'s next call, if any (the stage is free). Callback-driven, not a

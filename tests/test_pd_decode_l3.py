@@ -178,7 +178,8 @@ def test_the_query_is_charged_to_the_decode_scheduler(tmp_path: Path) -> None:
     role.inst.ctrl.hold = record  # type: ignore[method-assign]
     engine.run()
     l3 = role.l3
-    assert l3 is not None and l3.queries == 4 and role.restores_failed == 0
+    assert l3 is not None and l3.queries == 4
+    assert not any(r.restore_failed for r in engine.records)
     spec, page_bytes = l3.storage.spec, l3.storage.page_bytes
     assert not spec.query_stops_at_miss and spec.query_call_s > 0
     pages = [n // 64 for _, n, _, _ in REQS]  # 96, 100, 100, 104: each prompt from the root

@@ -124,7 +124,6 @@ class RadixDecodeRole(DecodeRole):
         self.l3 = decode_l3_for(cache, inst.storage)
         self.on_failed: Callable[[PdReq], None] = _ignore  # set by the engine
         self._deadline_armed: set[int] = set()
-        self.restores_failed = 0  # restores short of their promise (the requests aborted)
         if self.l3 is not None and inst.storage is not None:
             inst.storage.listeners.append(self._storage_call_ended)
 
@@ -213,7 +212,6 @@ class RadixDecodeRole(DecodeRole):
         r.restored = False
         r.restore = PendingRestore(l1, promised, registered=prefetching)
         self._take(r, m, list(m.device_pages), m.last_device, got, (l1 * ps, m.host_hit_length, l3))
-        r.decode_prefix = promised * ps  # the promise: its gap is restored later
         return True
 
     def _take(
@@ -222,10 +220,11 @@ class RadixDecodeRole(DecodeRole):
     ) -> None:  # fmt: skip
         """``r`` leaves the queue pre-allocated: its lock on ``last`` (the match's temporary
         one dropped), its row ``prefix + got``, its decode prefix per tier (``hits``: device,
-        host, L3 tokens); the prefill side hears of it."""
+        host, L3 tokens; their sum is ``decode_prefix_len``, what the prefill side is promised
+        and hears of now)."""
         d = r.dec
         assert d.prompt is not None
-        r.decode_prefix = len(prefix) * self.sched.p.page_size  # (the row grows from prefix)
+        r.decode_prefix = sum(hits)
         kv = self.life.lock(d.prompt, prefix, last, prompt_pages=len(d.prompt))
         self.life.release(m.last_device)
         kv.kv += got
@@ -255,7 +254,7 @@ class RadixDecodeRole(DecodeRole):
             return
         if len(self.cache.controller.load_queue) >= LOAD_BACK_SLOTS:
             return  # has_free_load_back_slot: no new load-back (nor prefetch poll) this pass
-        now, ps = self.env.now, self.sched.p.page_size
+        now = self.env.now
         started: list[PdReq] = []
         for r in waiting:
             st = r.restore
@@ -276,11 +275,9 @@ class RadixDecodeRole(DecodeRole):
                 prefix, last = self.life.load_back_pinned(m)
             if len(prefix) < st.promised:  # the load fell short: HiCacheRestoreResult.FAILED
                 st.failed = r.restored = r.restore_failed = True
-                self.restores_failed += 1
                 continue
             self.cache.inc_lock_ref(last)  # the restore lock, held until the commit
             st.node, st.prefix, st.started = last, prefix, True
-            r.decode_prefix = st.promised * ps
             started.append(r)
         self._launch_restores(started)
 

@@ -105,7 +105,7 @@ class DecodeL3:
         hits = att.ctrl.store.match_chain(att.last_hash(anchor), symbols)
         self.queries += 1
         spec = self.storage.spec
-        charged = min(len(symbols), len(hits) + 1) if spec.query_stops_at_miss else len(symbols)
+        charged = spec.query_pages_charged(len(symbols), len(hits))
         return len(hits) * ps, spec.stage_seconds("query", charged, self.storage.page_bytes)
 
     def start(
