@@ -454,10 +454,12 @@ def compute_models_for(gpu: GpuSpec) -> tuple[GemmModel, AttentionModel, AllRedu
 #:   ``check_hicache_events`` 3651-3682); the decode path checks nothing (scheduler.py
 #:   4459-4552).
 #:
-#: Not counted (per request, not per pass): the termination vote of each prefetching request the
-#: admission loop reaches (0.5.14 ``can_terminate_prefetch`` under wait_complete/timeout,
-#: hiradix_cache.py:1324-1363; 0.5.23 ``_can_terminate_prefetch`` under timeout,
-#: unified_radix_cache.py:2295-2313).
+#: Not here (per request, not per pass; charged by the scheduler as they happen, one
+#: ``sim.costs.Costs.tp_sync_s`` each, counted in the cache's ``prefetch_tp_votes``): the
+#: prefetch checks of the requests the admission loop reaches (0.5.14 ``can_terminate_prefetch``
+#: under wait_complete/timeout, hiradix_cache.py:1324-1357, and the completed-token MIN at
+#: termination, 1388-1393; 0.5.23 ``_can_terminate_prefetch`` under timeout,
+#: unified_radix_cache.py:2295-2311) and a PD decode server's L3 hit-count query (2072-2076).
 HICACHE_CHECKS: dict[str, tuple[int, int, int]] = {"0.5.14": (2, 3, 1), "0.5.23": (1, 1, 0)}
 
 

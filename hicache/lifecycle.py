@@ -222,6 +222,10 @@ class KVLifecycle:
         limit = max(0, (fill_len - 1) // self.page_size)
         return cache.prefetch_kvcache(rid, key, m, limit, now)
 
+    def prefetch_votes(self) -> int:
+        """The TP all-reduces the prefetch checks have made so far (``prefetch_tp_votes``)."""
+        return self.cache.storage_stats.prefetch_tp_votes
+
     def prefetch_done(self, rid: Hashable, now: float) -> int:
         """The admission loop's check before matching a request (``check_prefetch_progress``
         then ``pop_prefetch_loaded_tokens``): -1 while its prefetch must go on (skip it this

@@ -161,6 +161,11 @@ class KVLifecycle0523:
         limit = max(0, fill_len - 1)
         return prefetch_kvcache(storage, rid, _as_tuple(key), m, limit, now, storage_hit_end)
 
+    def prefetch_votes(self) -> int:
+        """The TP all-reduces the prefetch checks have made so far (``prefetch_tp_votes``)."""
+        storage = self.cache.storage
+        return 0 if storage is None else storage.stats.prefetch_tp_votes
+
     def prefetch_done(self, rid: Hashable, now: float) -> int:
         """The admission loop's check (``check_prefetch_progress``, then
         ``pop_prefetch_loaded_span``): -1 while the prefetch must go on, else the tokens L3

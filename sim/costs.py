@@ -43,6 +43,11 @@ class Costs:
     backend: str = "direct"
     layout: str = "layer_first"
     kv_parts: int = 1
+    #: one CPU all-reduce over the TP group on the scheduler thread (the profile's
+    #: ``hicache_check_s``) when tp > 1 and the host tier is on, else 0: what each per-request
+    #: HiCache vote costs (the prefetch checks, the decode side's L3 query; the per-pass
+    #: checks are in ``prefill_fn`` / ``decode_fn``, :func:`hicache.forward.hicache_checks`)
+    tp_sync_s: float = 0.0
     _decode_memo: dict[int, tuple[float, float]] = field(default_factory=dict, repr=False)
     _prefill_memo: dict[tuple[int, int], float] = field(default_factory=dict, repr=False)
     _op_memo: dict[tuple[str, int, int], float] = field(default_factory=dict, repr=False)
@@ -148,4 +153,5 @@ def build_costs(cfg: SimConfig) -> Costs:
         backend=backend,
         layout=cfg.link.mem_layout,
         kv_parts=1 if model.mla else 2,
+        tp_sync_s=prof.hicache_check_s if tp > 1 and cfg.cache.enable_host else 0.0,
     )

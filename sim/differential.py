@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from hicache.policy.storage import PREFETCH_POLICIES
 from traces.schema import Trace
 
 BUNDLED = Path(__file__).resolve().parents[1] / "traces/data/mooncake/conversation_trace.jsonl"
@@ -113,6 +114,12 @@ def random_case(seed: int) -> Case:
     # drawn from a stream of its own, so that every other draw of a seed stays as it was
     if random.Random(seed * 7919 + 1).random() < 0.3:
         sets.append("scheduler.enable_mixed_chunk=true")
+    # the same for TP (its per-request HiCache votes hold the scheduler) and the prefetch policy
+    more = random.Random(seed * 7919 + 2)
+    if more.random() < 0.3:
+        sets.append("model.tp=2")
+    if any(x.startswith("storage.backend=") for x in sets):
+        sets.append(f"storage.prefetch_policy={more.choice(PREFETCH_POLICIES)}")
     return Case(seed, trace, tuple(sets), what)
 
 

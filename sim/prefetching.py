@@ -20,7 +20,7 @@ from sim.cache_types import AnyCache, AnyLife
 
 if TYPE_CHECKING:
     from hicache.policy.storage import PrefetchOp
-    from sim.scheduler import SchedulerParams, SimReq
+    from sim.scheduler import CostModel, LinkControl, SchedulerParams, SimReq
 
 
 class Prefetching:
@@ -33,6 +33,8 @@ class Prefetching:
     cache: AnyCache
     life: AnyLife
     p: SchedulerParams
+    cost: CostModel
+    ctrl: LinkControl
     waiting: deque[SimReq]
     running: list[SimReq]
     chunked: SimReq | None
@@ -103,7 +105,15 @@ class Prefetching:
         loaded (the popped credit, taken as the release does: :meth:`_take_credit`)."""
         now = self.env.now
         op = self._prefetch_op(req.rid)
-        credit = self.life.prefetch_done(req.rid, now)
+        life, sync = self.life, self.cost.tp_sync_s
+        votes = life.prefetch_votes() if sync else 0
+        credit = life.prefetch_done(req.rid, now)
+        if sync:
+            # each vote is a blocking all-reduce on the scheduler thread: this iteration's
+            # forward starts that much later (idle, nothing waits for it)
+            votes = life.prefetch_votes() - votes
+            if votes:
+                self.ctrl.hold(votes * sync)
         if credit < 0:  # reached, but held back by its prefetch
             if req.prefetch_held < 0:
                 req.prefetch_held = now

@@ -44,6 +44,11 @@ class CostModel(Protocol):
     @property
     def num_layers(self) -> int: ...
 
+    @property
+    def tp_sync_s(self) -> float:
+        """Seconds of one scheduler-thread all-reduce over the TP group (0 at tp 1)."""
+        ...
+
     def prefill_time(self, reqs: list[tuple[int, int]]) -> float:
         """Seconds for one prefill batch of (new tokens, cached tokens) per request."""
         ...
@@ -63,6 +68,10 @@ class LinkControl(Protocol):
 
     def take_stall(self) -> float:
         """Time until which a blocking write_back wait holds the scheduler (then cleared)."""
+        ...
+
+    def hold(self, seconds: float) -> None:
+        """Block the scheduler ``seconds`` more (a synchronous call on its thread)."""
         ...
 
 

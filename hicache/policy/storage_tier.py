@@ -83,6 +83,11 @@ class StorageTierStats:
     backup_ops: int = 0
     backuped_tokens_total: int = 0
     backup_skipped_detached: int = 0
+    # the scheduler-thread all-reduces over the TP group that the prefetch checks make: the
+    # termination vote (not under best_effort: can_terminate_prefetch,
+    # hiradix_cache.py:1324-1357) and the MIN of the completed tokens at termination
+    # (check_prefetch_progress, 1388-1393); each blocks the scheduler at tp > 1
+    prefetch_tp_votes: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -386,9 +391,13 @@ class StorageTier:
         st = self.storage
         assert st is not None
         op = entry.op
+        stats = self.storage_stats
+        if self.prefetch_policy != "best_effort":
+            stats.prefetch_tp_votes += 1  # can_terminate_prefetch's MAX all-reduce
         if not self.can_terminate_prefetch(op, now):
             return False
         completed, hit_keys = st.terminate_prefetch(op)
+        stats.prefetch_tp_votes += 1  # the MIN all-reduce of the completed tokens
         ps = self.page_size
         c = completed // ps
         pages = entry.host_pages
@@ -404,7 +413,6 @@ class StorageTier:
         st.prefetch_tokens_occupied = max(0, st.prefetch_tokens_occupied - entry.tokens)
         loaded = attached * ps
         self.prefetch_loaded_tokens_by_reqid[rid] = loaded
-        stats = self.storage_stats
         stats.prefetch_terminated += 1
         stats.prefetched_tokens_total += loaded
         stats.prefetch_duplicate_tokens += matched * ps

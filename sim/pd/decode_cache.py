@@ -121,7 +121,7 @@ class RadixDecodeRole(DecodeRole):
         self._link_changed = inst.link.on_change
         inst.link.on_change = self._copy_ended
         # decode-side L3 (sim.pd.decode_l3): with a storage tier on this server
-        self.l3 = decode_l3_for(cache, inst.storage)
+        self.l3 = decode_l3_for(cache, inst.storage, inst.sched.cost.tp_sync_s)
         self.on_failed: Callable[[PdReq], None] = _ignore  # set by the engine
         self._deadline_armed: set[int] = set()
         if self.l3 is not None and inst.storage is not None:
@@ -263,7 +263,10 @@ class RadixDecodeRole(DecodeRole):
                 continue
             if st.registered:
                 assert l3 is not None
-                if not l3.progress(r.rid, now):
+                done, votes_s = l3.progress(r.rid, now)
+                if votes_s > 0:
+                    self.inst.ctrl.hold(votes_s)
+                if not done:
                     self._wake_at_deadline(r.rid)
                     continue
                 st.registered = False

@@ -38,10 +38,11 @@ Here the policy steps are the decode instance's own 0.5.23 ``UnifiedRadixCache``
 ``StorageAttachment`` (``hicache.policy.v0523``), the same ones the prefill scheduler's L3 tier
 runs and conformance holds against SGLang's class. The query's time is one backend
 ``batch_exists`` call (:meth:`~hicache.storage_backends.StorageBackendSpec.stage_seconds`)
-charged to the decode scheduler, as the synchronous call on its thread is. The restores
-respect SGLang's limit of three load-backs in flight (``has_free_load_back_slot``: while three
-are unacknowledged, no restore is queued and no prefetch polled). Not modelled: the all-reduce
-of the hit count across TP ranks; decode-side L3 under ``--hicache-host-memory-mode
+charged to the decode scheduler, as the synchronous call on its thread is, and at tp > 1 one
+all-reduce of the hit count across the TP ranks (``Costs.tp_sync_s``), as is each timeout vote
+of a restore's progress check. The restores respect SGLang's limit of three load-backs in
+flight (``has_free_load_back_slot``: while three are unacknowledged, no restore is queued and
+no prefetch polled). Not modelled: decode-side L3 under ``--hicache-host-memory-mode
 buffer_only`` (no decode L3 then).
 """
 
@@ -83,11 +84,15 @@ class DecodeL3:
     ``attachment``: the decode cache's storage tier; ``storage``: its timed stages (the query's
     cost and the store's page bytes)."""
 
-    def __init__(self, attachment: StorageAttachment, storage: SimStorage) -> None:
+    def __init__(
+        self, attachment: StorageAttachment, storage: SimStorage, tp_sync_s: float = 0.0
+    ) -> None:
         self.attachment = attachment
         self.storage = storage
         self.page_size = attachment.page_size
         self.queries = 0
+        #: one scheduler-thread all-reduce over the TP group (``sim.costs.Costs.tp_sync_s``)
+        self.tp_sync_s = tp_sync_s
 
     def query(self, m: Match, prompt: tuple[object, ...]) -> tuple[int, float]:
         """``query_storage_hit_length`` past ``m`` for the paged ``prompt``: (hit tokens, the
@@ -106,7 +111,9 @@ class DecodeL3:
         self.queries += 1
         spec = self.storage.spec
         charged = spec.query_pages_charged(len(symbols), len(hits))
-        return len(hits) * ps, spec.stage_seconds("query", charged, self.storage.page_bytes)
+        seconds = spec.stage_seconds("query", charged, self.storage.page_bytes)
+        # the hit count's MIN all-reduce over the TP group (unified_radix_cache.py:2072-2076)
+        return len(hits) * ps, seconds + self.tp_sync_s
 
     def start(
         self, rid: int, m: Match, prompt: tuple[object, ...], input_length: int, l3: int,
@@ -122,14 +129,17 @@ class DecodeL3:
         )  # fmt: skip
         return rid in att.ongoing_prefetch
 
-    def progress(self, rid: int, now: float) -> bool:
-        """``check_prefetch_progress`` then ``pop_prefetch_loaded_tokens``: True once the
-        request may be restored (its prefetch ended here or earlier)."""
+    def progress(self, rid: int, now: float) -> tuple[bool, float]:
+        """``check_prefetch_progress`` then ``pop_prefetch_loaded_tokens``: (True once the
+        request may be restored (its prefetch ended here or earlier), the seconds its TP votes
+        block the scheduler)."""
         att = self.attachment
-        if not att.check_prefetch_progress(rid, now):
-            return False
-        att.pop_prefetch_loaded_span(rid)
-        return True
+        votes = att.stats.prefetch_tp_votes
+        done = att.check_prefetch_progress(rid, now)
+        seconds = (att.stats.prefetch_tp_votes - votes) * self.tp_sync_s
+        if done:
+            att.pop_prefetch_loaded_span(rid)
+        return done, seconds
 
     def deadline(self, rid: int) -> float | None:
         """When a waiting timeout-policy prefetch stops holding ``rid`` (None: not by time)."""
@@ -140,7 +150,9 @@ class DecodeL3:
         self.attachment.release_aborted_request(rid)
 
 
-def decode_l3_for(cache: object, storage: SimStorage | None) -> DecodeL3 | None:
+def decode_l3_for(
+    cache: object, storage: SimStorage | None, tp_sync_s: float = 0.0
+) -> DecodeL3 | None:
     """The decode server's L3 steps when its cache runs HiCache with a storage tier (SGLang:
     ``enable_decode_hicache and tree_cache.enable_storage``), else None."""
     attachment = getattr(cache, "storage", None)
@@ -148,4 +160,4 @@ def decode_l3_for(cache: object, storage: SimStorage | None) -> DecodeL3 | None:
         return None
     if attachment.buffer_only:
         return None  # buffer_only hosts keep no tree state for a restore to match
-    return DecodeL3(attachment, storage)
+    return DecodeL3(attachment, storage, tp_sync_s)

@@ -20,7 +20,7 @@ from traces.io import read_trace
 MULTITURN = Path(__file__).resolve().parents[2] / "traces/data/synthetic/multiturn.jsonl"
 
 #: seeds of the slice: together they cover what the full run draws (checked below)
-SLICE = (2, 3, 7, 14, 16, 22, 31, 32, 53, 54)
+SLICE = (2, 3, 7, 14, 16, 22, 31, 32, 36, 53, 54)
 
 
 def _covered(cases: list[Case]) -> set[str]:
@@ -39,6 +39,10 @@ def _covered(cases: list[Case]) -> set[str]:
             "lpm": "policy=lpm" in sets,
             "write_back": "write_policy=write_back" in sets,
             "mixed chunk": "enable_mixed_chunk=true" in sets and "prefill_size=-1" not in sets,
+            # the per-request TP votes of the prefetch checks hold the scheduler
+            "TP votes": "model.tp=2" in sets and "storage.backend" in sets
+            and ("version=0.5.14" in sets and "policy=best_effort" not in sets
+                 or "prefetch_policy=timeout" in sets),
         }.items():
             if hit:
                 seen.add(what)
@@ -48,7 +52,7 @@ def _covered(cases: list[Case]) -> set[str]:
 def test_the_slice_covers_every_kind_of_case() -> None:
     assert _covered([random_case(s) for s in SLICE]) == {
         "closed loop", "open loop", "0.5.14", "0.5.23", "L3", "cluster", "chunk 512", "lpm",
-        "write_back", "mixed chunk",
+        "write_back", "mixed chunk", "TP votes",
     }  # fmt: skip
 
 

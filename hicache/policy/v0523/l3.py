@@ -171,6 +171,11 @@ class StorageStats0523:
     backup_ops: int = 0
     backup_tokens: int = 0
     retries_armed: int = 0
+    # the scheduler-thread all-reduces of the prefetch checks: the timeout policy's MAX vote
+    # of each check that finds the prefetch running (unified_radix_cache.py:2295-2311; no
+    # other policy votes, and the termination reduces nothing on this thread); each blocks
+    # the scheduler at tp > 1
+    prefetch_tp_votes: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return dict(vars(self))
@@ -366,6 +371,8 @@ class StorageAttachment:
             return True
         op = info.op
         if not op.terminated:
+            if self.prefetch_policy == "timeout":
+                self.stats.prefetch_tp_votes += 1  # _can_terminate_prefetch's MAX all-reduce
             if not self._can_terminate(op, now):
                 self._start_wait(op, now)
                 return False
