@@ -2,7 +2,7 @@
 (issue 14: "no pathological settings"; wall time should grow at most linearly in requests).
 
     .venv/bin/python bench/chunk_grid.py [--chunks 512,2048,8192,16384] [--rates 0.25,1,4]
-                                         [--requests 3000,12031]
+                                         [--requests 3000,12031] [--set KEY=VALUE ...]
 
 Each cell is one fresh subprocess on the bundled Mooncake conversation trace (defaults
 otherwise), timed from config to summary with the trace read excluded. Prints one line per
@@ -28,15 +28,16 @@ from traces.io import read_trace
 chunk, rate, n = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
 trace = read_trace(sys.argv[4])
 cfg = load_config(None, [f"scheduler.chunked_prefill_size={chunk}",
-                         f"workload.rate_scale={rate}", f"workload.max_requests={n}"])
+                         f"workload.rate_scale={rate}", f"workload.max_requests={n}",
+                         *sys.argv[5:]])
 t0 = time.perf_counter()
 s = run_simulation(cfg, trace, None, progress=False)
 print(json.dumps({"wall": time.perf_counter() - t0, "requests": s["requests"]}))
 """
 
 
-def cell(chunk: int, rate: float, n: int) -> dict[str, Any]:
-    return child_json(CHILD, chunk, rate, n, TRACE)
+def cell(chunk: int, rate: float, n: int, sets: tuple[str, ...] = ()) -> dict[str, Any]:
+    return child_json(CHILD, chunk, rate, n, TRACE, *sets)
 
 
 def main() -> None:
@@ -44,13 +45,14 @@ def main() -> None:
     ap.add_argument("--chunks", default="512,2048,8192,16384")
     ap.add_argument("--rates", default="0.25,1,4")
     ap.add_argument("--requests", default="3000,12031")
+    ap.add_argument("--set", action="append", default=[], help="more config overrides")
     args = ap.parse_args()
     sizes = [int(x) for x in args.requests.split(",")]
     for chunk in (int(x) for x in args.chunks.split(",")):
         for rate in (float(x) for x in args.rates.split(",")):
             walls = []
             for n in sizes:
-                r = cell(chunk, rate, n)
+                r = cell(chunk, rate, n, tuple(args.set))
                 walls.append(r["wall"])
                 print(f"chunk={chunk} rate={rate} requests={r['requests']} wall={r['wall']:.2f}s",
                       flush=True)  # fmt: skip
