@@ -53,7 +53,7 @@ NATIVE_TESTS := tests/policy tests/sim tests/test_hitrate.py tests/test_hitrate_
 	tests/test_conformance_harness.py tests/test_run_cli.py tests/test_hitrate_versions.py \
 	tests/test_conformance_v0523.py tests/test_engine_v0523.py tests/test_l3_v0523.py \
 	tests/test_sim_storage_run_v0523.py tests/test_buffer_only_v0523.py tests/test_pd.py \
-	tests/test_pd_decode_l3.py
+	tests/test_pd_decode_l3.py tests/test_tp_votes.py
 
 # the whole suite on the interpreted modules (the reference), then NATIVE_TESTS on the
 # compiled build; each on every core (pytest-xdist; a test file stays on one worker, so its

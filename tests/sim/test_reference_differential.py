@@ -40,9 +40,12 @@ def _covered(cases: list[Case]) -> set[str]:
             "write_back": "write_policy=write_back" in sets,
             "mixed chunk": "enable_mixed_chunk=true" in sets and "prefill_size=-1" not in sets,
             # the per-request TP votes of the prefetch checks hold the scheduler
-            "TP votes": "model.tp=2" in sets and "storage.backend" in sets
-            and ("version=0.5.14" in sets and "policy=best_effort" not in sets
-                 or "prefetch_policy=timeout" in sets),
+            "TP votes": "model.tp=2" in sets
+            and "storage.backend" in sets
+            and (
+                ("version=0.5.14" in sets and "policy=best_effort" not in sets)
+                or "prefetch_policy=timeout" in sets
+            ),
         }.items():
             if hit:
                 seen.add(what)
