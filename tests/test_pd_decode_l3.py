@@ -160,6 +160,20 @@ def test_no_promise_below_the_prefetch_threshold(tmp_path: Path) -> None:
     assert s["roles"]["decode"]["storage_hit_rate"] == 0.0
 
 
+def record_holds(role: Any) -> list[float]:
+    """The seconds each ``ctrl.hold`` of ``role``'s decode server blocks its scheduler, in
+    order (the holds still take effect)."""
+    held: list[float] = []
+    hold = role.inst.ctrl.hold
+
+    def record(seconds: float) -> None:
+        held.append(seconds)
+        hold(seconds)
+
+    role.inst.ctrl.hold = record
+    return held
+
+
 def test_the_query_is_charged_to_the_decode_scheduler(tmp_path: Path) -> None:
     """Each pre-allocation's query is one synchronous ``batch_exists`` on the decode
     scheduler's thread: the backend's per-call and per-page time for the pages asked
@@ -168,14 +182,7 @@ def test_the_query_is_charged_to_the_decode_scheduler(tmp_path: Path) -> None:
     engine, _ = build_pd_engine(load_config(None, [*BASE, "pd.enabled=true", *STORE, *RADIX]),
                                 trace)  # fmt: skip
     role = engine.decode[0]
-    held: list[float] = []
-    hold = role.inst.ctrl.hold
-
-    def record(seconds: float) -> None:
-        held.append(seconds)
-        hold(seconds)
-
-    role.inst.ctrl.hold = record  # type: ignore[method-assign]
+    held = record_holds(role)
     engine.run()
     l3 = role.l3
     assert l3 is not None and l3.queries == 4

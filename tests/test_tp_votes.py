@@ -27,7 +27,7 @@ from sim.costs import build_costs
 from sim.engine import run_simulation
 from sim.pd.run import build_pd_engine
 from tests.test_pd import BASE, _trace
-from tests.test_pd_decode_l3 import RADIX, REQS, STORE
+from tests.test_pd_decode_l3 import RADIX, REQS, STORE, record_holds
 
 #: one request whose 8,192-token prompt the store holds (written by an identical earlier
 #: request that the small device and host pools have pushed out by then)
@@ -128,14 +128,7 @@ def test_the_decode_query_pays_its_all_reduce(tmp_path: Path) -> None:
     assert l3 is not None
     sync = l3.tp_sync_s
     assert sync == pytest.approx(0.00015)
-    held: list[float] = []
-    hold = role.inst.ctrl.hold
-
-    def record(seconds: float) -> None:
-        held.append(seconds)
-        hold(seconds)
-
-    role.inst.ctrl.hold = record  # type: ignore[method-assign]
+    held = record_holds(role)
     engine.run()
     assert l3.queries == 4
     spec, page_bytes = l3.storage.spec, l3.storage.page_bytes
