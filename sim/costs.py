@@ -153,5 +153,6 @@ def build_costs(cfg: SimConfig) -> Costs:
         backend=backend,
         layout=cfg.link.mem_layout,
         kv_parts=1 if model.mla else 2,
-        tp_sync_s=prof.hicache_check_s if tp > 1 and cfg.cache.enable_host else 0.0,
+        # the per-request votes happen where the per-pass checks do (tp > 1, a host tier)
+        tp_sync_s=prof.hicache_check_s if checks != (0, 0) else 0.0,
     )

@@ -106,14 +106,12 @@ class Prefetching:
         now = self.env.now
         op = self._prefetch_op(req.rid)
         life, sync = self.life, self.cost.tp_sync_s
-        votes = life.prefetch_votes() if sync else 0
+        before = life.prefetch_votes() if sync else 0
         credit = life.prefetch_done(req.rid, now)
-        if sync:
+        if sync and life.prefetch_votes() > before:
             # each vote is a blocking all-reduce on the scheduler thread: this iteration's
             # forward starts that much later (idle, nothing waits for it)
-            votes = life.prefetch_votes() - votes
-            if votes:
-                self.ctrl.hold(votes * sync)
+            self.ctrl.hold((life.prefetch_votes() - before) * sync)
         if credit < 0:  # reached, but held back by its prefetch
             if req.prefetch_held < 0:
                 req.prefetch_held = now
